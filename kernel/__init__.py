@@ -1,0 +1,1 @@
+"""Triton kernels for MiniMax-M3 sparse attention, each beside its PyTorch reference; no SGLang imports."""

@@ -1,0 +1,317 @@
+"""MSA lightning-indexer block selection (MiniMax-M3 sparse attention, step 1).
+
+For every query row at absolute position ``p`` and every index head ``h``
+(index head == KV head == GQA group; see DESIGN section 5):
+
+1. ``s[h, j] = index_q[h] . index_k[j]`` in fp32 (no scale, no ReLU); keys
+   ``j > p`` score ``-inf``.
+2. ``B[h, b] = max_{j in block b} s[h, j]`` over ``block_size`` keys.
+3. The ``local_blocks`` blocks ending at the row's own block ``p // block_size``
+   are forced to ``+inf`` so they win slots inside the top-k.
+4. Keep ``min(topk, #blocks)`` blocks per head, ordered by (score desc, block
+   id asc) so eager and graph runs agree; slots that fall on future blocks are
+   ``-1`` and every row's output is right-padded with ``-1`` to ``topk``.
+
+Per-head (per KV group) selection is what MiniMax's MSA paper, SGLang, vLLM and
+TensorRT-LLM implement; transformers 5.12.1 shares one selection across heads
+(see ``msa_topk_shared_ref`` used by the parity tests).
+
+Cache layout: see ``paged.py``. ``index_k_cache`` is ``[slots, index_dim]``
+(one shared index-K head); quantised pools pass their dequantised view here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .paged import request_slots, rows_by_request
+
+
+def msa_block_scores_ref(
+    index_q: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    *,
+    block_size: int,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per request: ``(row_ids [r], block_scores [r, H, num_blocks] fp32)``.
+
+    ``num_blocks`` covers keys ``0..max(row_pos)`` of the request.
+    """
+    out = []
+    for req, rows in rows_by_request(row_req):
+        pos = row_pos[rows].long()  # [r]
+        length = int(pos.max()) + 1
+        keys = index_k_cache[request_slots(page_table[req], length, block_size)].float()  # [L, D]
+        scores = torch.einsum("rhd,ld->rhl", index_q[rows].float(), keys)  # [r, H, L]
+        key_pos = torch.arange(length, device=scores.device)
+        scores = scores.masked_fill(key_pos[None, None, :] > pos[:, None, None], float("-inf"))
+        num_blocks = -(-length // block_size)
+        scores = F.pad(scores, (0, num_blocks * block_size - length), value=float("-inf"))
+        out.append((rows, scores.view(len(rows), scores.shape[1], num_blocks, block_size).amax(-1)))
+    return out
+
+
+def _select(block_scores: torch.Tensor, pos: torch.Tensor, *, block_size: int, topk: int, local_blocks: int):
+    """Force local blocks, then top-k by (score desc, block asc); ``[r, H, topk]`` int32."""
+    r, heads, num_blocks = block_scores.shape
+    block_scores = block_scores.clone()
+    q_block = pos // block_size  # [r]
+    for i in range(local_blocks):
+        local = (q_block - i).clamp(min=0).view(r, 1, 1).expand(r, heads, 1)
+        block_scores.scatter_(-1, local, float("inf"))
+    # A stable descending sort keeps equal scores in ascending block order.
+    scores, order = torch.sort(block_scores, dim=-1, descending=True, stable=True)
+    k = min(topk, num_blocks)
+    chosen = order[..., :k].masked_fill(scores[..., :k] == float("-inf"), -1)
+    out = torch.full((r, heads, topk), -1, dtype=torch.int32, device=block_scores.device)
+    out[..., :k] = chosen.to(torch.int32)
+    return out
+
+
+def msa_topk_ref(
+    index_q: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    *,
+    block_size: int,
+    topk: int,
+    local_blocks: int,
+) -> torch.Tensor:
+    """Per-group block selection.
+
+    Parameters
+    ----------
+    index_q : ``[R, H, D]`` float, one index head per KV group.
+    index_k_cache : ``[slots, D]`` float (dequantised view).
+    page_table : ``[num_reqs, max_pages]`` int.
+    row_req, row_pos : ``[R]`` int.
+
+    Returns
+    -------
+    ``[R, H, topk]`` int32 logical block ids, ``-1`` padded.
+    """
+    out = torch.full((index_q.shape[0], index_q.shape[1], topk), -1, dtype=torch.int32, device=index_q.device)
+    for rows, block_scores in msa_block_scores_ref(
+        index_q, index_k_cache, page_table, row_req, row_pos, block_size=block_size
+    ):
+        out[rows] = _select(
+            block_scores, row_pos[rows].long(), block_size=block_size, topk=topk, local_blocks=local_blocks
+        )
+    return out
+
+
+def msa_topk_shared_ref(
+    index_q: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    *,
+    block_size: int,
+    topk: int,
+    local_blocks: int,
+) -> torch.Tensor:
+    """transformers 5.12.1 semantics: one selection (max over index heads) for all heads.
+
+    Kept only so tests can show where it differs from the per-group rule.
+    Returns ``[R, H, topk]`` with the same selection repeated for every head.
+    """
+    heads = index_q.shape[1]
+    out = torch.full((index_q.shape[0], heads, topk), -1, dtype=torch.int32, device=index_q.device)
+    for rows, block_scores in msa_block_scores_ref(
+        index_q, index_k_cache, page_table, row_req, row_pos, block_size=block_size
+    ):
+        shared = block_scores.amax(dim=1, keepdim=True)  # [r, 1, num_blocks]
+        sel = _select(shared, row_pos[rows].long(), block_size=block_size, topk=topk, local_blocks=local_blocks)
+        out[rows] = sel.expand(-1, heads, -1)
+    return out
+
+
+# ============================================================================ Triton kernels
+# Two launches, both CUDA-graph safe (grids from tensor shapes only, no host sync):
+#
+# 1. ``_block_score_kernel``: grid (row tiles, page chunks). A tile is BLOCK_R consecutive
+#    query rows; the rows of one request inside a tile form a *segment* that reads each
+#    index-K page of that request ONCE and scores it for all its rows and heads with one
+#    ``tl.dot`` ([BLOCK_R * H, D] x [D, block]); a tile spanning several requests loops over
+#    its segments. Verify (1 + K rows per request) and prefill thus scan the history once
+#    per tile instead of once per row. Output: causal block max ``[R, H, max_pages]`` fp32;
+#    columns past a row's own block are never written and never read.
+# 2. ``_topk_select_kernel``: grid (R, H). Forces the local blocks to +inf and extracts the
+#    top-k by repeated arg-max under the total order (score desc, block asc), so the result
+#    equals ``msa_topk_ref`` slot for slot; exhausted slots (-inf) are -1.
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+_NEG_INF = float("-inf")
+
+
+@triton.jit
+def _block_score_kernel(
+    q_ptr, k_ptr, pt_ptr, row_req_ptr, row_pos_ptr, score_ptr,
+    k_scale, R,
+    stride_qr, stride_qh, stride_kt, stride_ptr, stride_sr, stride_sh,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr, Q_FP32: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    first_page = tl.program_id(1) * PAGES
+    # -- rows of this tile: m -> (row = tile * BLOCK_R + m // H, head = m % H) ----------
+    m = tl.arange(0, BLOCK_M)
+    row = tile * BLOCK_R + m // H
+    head = m % H
+    row_ok = (m < BLOCK_R * H) & (row < R)
+    req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
+    pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if not Q_FP32:
+        q = q.to(tl.bfloat16)
+    j = tl.arange(0, BS)
+    done = ~row_ok
+    # -- one segment (= one request) per trip; usually a single trip --------------------
+    while tl.sum((~done).to(tl.int32)) > 0:
+        leader = tl.min(tl.where(done, 9223372036854775807, req))
+        seg = (req == leader) & ~done
+        last_blk = tl.max(tl.where(seg, pos, -1)) // BS
+        for i in range(PAGES):
+            b = first_page + i
+            live = b <= last_blk  # pages past the segment's last block are never loaded
+            page = tl.load(pt_ptr + leader * stride_ptr + b, mask=live, other=0).to(tl.int64)
+            # -- load one index-K page [BS, D]; fp8 widens exactly to bf16/fp32 ---------
+            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
+            if Q_FP32:
+                s = tl.dot(q, tl.trans(kt.to(tl.float32)), input_precision="ieee")  # [BLOCK_M, BS]
+            else:
+                s = tl.dot(q, tl.trans(kt.to(tl.bfloat16)))
+            # -- token-causal mask, then block max-pool ----------------------------------
+            key_pos = b * BS + j
+            s = tl.where(key_pos[None, :] <= pos[:, None], s, float("-inf"))
+            bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
+            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg & live)
+        done = done | seg
+
+
+@triton.jit
+def _topk_select_kernel(
+    score_ptr, row_pos_ptr, out_ptr,
+    stride_sr, stride_sh, stride_or, stride_oh,
+    BS: tl.constexpr, TOPK: tl.constexpr, LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    pos = tl.load(row_pos_ptr + r).to(tl.int64)
+    q_blk = pos // BS
+    nb = q_blk + 1  # blocks 0..q_blk exist for this row
+    s_row = score_ptr + r.to(tl.int64) * stride_sr + h * stride_sh
+    o_row = out_ptr + r.to(tl.int64) * stride_or + h * stride_oh
+    BIG: tl.constexpr = 2147483647
+    prev_s = float("inf")
+    prev_b = -1
+    for t in range(TOPK):
+        # -- next element after (prev_s, prev_b) in (score desc, block asc) order -------
+        best_s = float("-inf")
+        best_b = BIG
+        for c in range(NUM_CHUNKS):
+            b = c * CHUNK + tl.arange(0, CHUNK)
+            s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
+            s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
+            cand = ((s < prev_s) | ((s == prev_s) & (b > prev_b))) & (b < nb)
+            cs = tl.max(tl.where(cand, s, float("-inf")))
+            cb = tl.min(tl.where(cand & (s == cs), b, BIG))
+            better = (cs > best_s) | ((cs == best_s) & (cb < best_b))
+            best_s = tl.where(better, cs, best_s)
+            best_b = tl.where(better, cb, best_b)
+        # -- -inf means no key of this block is visible: the slot is empty --------------
+        tl.store(o_row + t, tl.where((best_s == float("-inf")) | (best_b == BIG), -1, best_b).to(tl.int32))
+        prev_s = best_s
+        prev_b = best_b
+
+
+def _check_rows(name, page_table, row_req, row_pos, num_rows):
+    if page_table.dim() != 2:
+        raise ValueError(f"page_table must be [num_reqs, max_pages], got {tuple(page_table.shape)}")
+    if row_req.shape != (num_rows,) or row_pos.shape != (num_rows,):
+        raise ValueError(f"{name}: row_req and row_pos must be [{num_rows}], got "
+                         f"{tuple(row_req.shape)} and {tuple(row_pos.shape)}")
+
+
+def msa_topk(
+    index_q: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    *,
+    block_size: int,
+    topk: int,
+    local_blocks: int,
+    k_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-group block selection on the GPU; same result as :func:`msa_topk_ref`.
+
+    Parameters
+    ----------
+    index_q : ``[R, H, D]`` bf16/fp16 (tensor-core dot) or fp32 (exact IEEE dot).
+    index_k_cache : ``[slots, D]`` bf16/fp16 or float8_e4m3fn; ``slots`` a multiple of ``block_size``.
+    page_table : ``[num_reqs, max_pages]`` int32/int64; bounds every scan (graph safe).
+    row_req, row_pos : ``[R]`` int; ``row_pos < max_pages * block_size``.
+    k_scale : per-tensor scale of an FP8 index-K cache (must be > 0).
+    out : optional ``[R, H, topk]`` int32 output.
+
+    Returns
+    -------
+    ``[R, H, topk]`` int32 logical block ids, (score desc, block asc), ``-1`` padded.
+    """
+    R, H, D = index_q.shape
+    _check_rows("msa_topk", page_table, row_req, row_pos, R)
+    if index_k_cache.dim() != 2 or index_k_cache.shape[1] != D:
+        raise ValueError(f"index_k_cache must be [slots, {D}], got {tuple(index_k_cache.shape)}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if D < 16 or D & (D - 1) or index_k_cache.stride(1) != 1 or index_q.stride(2) != 1:
+        raise ValueError(f"head dim must be a power of two >= 16 and contiguous, got {D}")
+    if not k_scale > 0:
+        raise ValueError(f"k_scale must be > 0, got {k_scale}")
+    if out is None:
+        out = torch.empty((R, H, topk), dtype=torch.int32, device=index_q.device)
+    elif out.shape != (R, H, topk) or out.dtype != torch.int32:
+        raise ValueError(f"out must be [{R}, {H}, {topk}] int32, got {tuple(out.shape)} {out.dtype}")
+    if R == 0:
+        return out
+    num_reqs, max_pages = page_table.shape
+    scores = torch.empty((R, H, max_pages), dtype=torch.float32, device=index_q.device)
+    # Rows per tile ~ rows per request (decode 1, verify 1+K, prefill many), capped so
+    # the [BLOCK_R * H, BS] score tile stays in registers. Shapes only: graph safe.
+    rows_per_req = -(-R // max(num_reqs, 1))
+    block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
+    n_tiles = -(-R // block_r)
+    pages = 1
+    while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 2048:
+        pages *= 2  # fewer, longer programs once the grid is large enough
+    _block_score_kernel[(n_tiles, -(-max_pages // pages))](
+        index_q, index_k_cache, page_table, row_req, row_pos, scores,
+        float(k_scale), R,
+        index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), page_table.stride(0),
+        scores.stride(0), scores.stride(1),
+        H=H, D=D, BS=block_size, BLOCK_R=block_r, BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
+        PAGES=pages, Q_FP32=index_q.dtype == torch.float32, num_warps=8 if block_size >= 128 else 4,
+    )
+    chunk = min(triton.next_power_of_2(max_pages), 2048)
+    _topk_select_kernel[(R, H)](
+        scores, row_pos, out,
+        scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
+        BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, NUM_CHUNKS=-(-max_pages // chunk),
+        num_warps=4,
+    )
+    return out

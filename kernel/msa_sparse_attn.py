@@ -1,0 +1,330 @@
+"""MSA block-sparse GQA attention over paged K/V (MiniMax-M3 sparse attention, step 2).
+
+Query row ``r`` at absolute position ``p`` with query head ``h`` in KV group
+``g = h // (Hq / Hkv)`` attends, with an exact softmax scaled by ``scale``, to
+every key ``j`` with ``j <= p`` (token-causal, also inside the local block) and
+``j // block_size`` in ``block_ids[r, g]``. ``block_ids=None`` means dense
+causal attention (the dense layers, and MSA itself when a request has at most
+``topk`` blocks).
+
+Cache layout: see ``paged.py``. ``k_cache`` / ``v_cache`` are
+``[slots, Hkv, D]``; quantised pools pass their dequantised view to the
+reference and their raw pages to the kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .paged import request_slots, rows_by_request
+
+
+def msa_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    block_ids: torch.Tensor | None,
+    *,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """Reference attention in fp32.
+
+    Parameters
+    ----------
+    q : ``[R, Hq, D]``.
+    k_cache, v_cache : ``[slots, Hkv, D]`` / ``[slots, Hkv, Dv]``.
+    page_table : ``[num_reqs, max_pages]`` int.
+    row_req, row_pos : ``[R]`` int.
+    block_ids : ``[R, Hkv, topk]`` int (``-1`` = empty) or ``None`` for dense causal.
+
+    Returns
+    -------
+    ``[R, Hq, Dv]`` in ``q.dtype``.
+    """
+    num_rows, q_heads, _ = q.shape
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    out = q.new_empty((num_rows, q_heads, v_cache.shape[-1]))
+    for req, rows in rows_by_request(row_req):
+        pos = row_pos[rows].long()  # [r]
+        length = int(pos.max()) + 1
+        slots = request_slots(page_table[req], length, block_size)
+        k = k_cache[slots].float()  # [L, Hkv, D]
+        v = v_cache[slots].float()  # [L, Hkv, Dv]
+        key_pos = torch.arange(length, device=q.device)
+        allowed = (key_pos[None, :] <= pos[:, None])[:, None, :].expand(-1, kv_heads, -1)  # [r, Hkv, L]
+        if block_ids is not None:
+            sel = block_ids[rows].long()  # [r, Hkv, topk]; -1 never equals a block id
+            key_block = key_pos // block_size
+            in_sel = (key_block[None, None, None, :] == sel[..., None]).any(dim=-2)  # [r, Hkv, L]
+            allowed = allowed & in_sel
+        qg = q[rows].float().view(len(rows), kv_heads, group, -1)  # [r, Hkv, G, D]
+        scores = torch.einsum("rhgd,lhd->rhgl", qg, k) * scale
+        scores = scores.masked_fill(~allowed[:, :, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("rhgl,lhd->rhgd", probs, v)  # [r, Hkv, G, Dv]
+        out[rows] = o.reshape(len(rows), q_heads, -1).to(out.dtype)
+    return out
+
+
+# ============================================================================ Triton kernels
+# Split-K ("flash-decoding") attention, one program per (row, KV group, split):
+#
+# * The group's G query heads form the M side of every ``tl.dot`` (G = 16 at TP4), so a
+#   key page is loaded once per (row, group) and used by all its heads.
+# * Sparse: split ``s`` walks slots ``s, s + NS, ...`` of ``block_ids[row, group]``;
+#   dense (``block_ids=None``): blocks ``s, s + NS, ...`` up to the row's own block. Empty
+#   (-1) or future slots load nothing.
+# * Pages are dequantised in registers right after the load: FP8 widens to the compute
+#   dtype exactly (per-tensor scales folded into the softmax scale and the output); NVFP4
+#   unpacks two E2M1 codes per byte, builds their fp32 bit patterns and multiplies by the
+#   e4m3 block scale (e2m1 x e4m3 has <= 6 significant bits: exact in bf16).
+# * Exact token-causal masking on key positions, online softmax in base 2, and with NS > 1
+#   a merge launch combining the per-split (output, log-sum-exp) pairs.
+# Grids and NS come from tensor shapes only (CUDA-graph safe, no host sync).
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+_LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+
+
+@triton.jit
+def _load_page(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live,
+               DIM: tl.constexpr, BS: tl.constexpr, MODE: tl.constexpr, CDT: tl.constexpr):
+    """Load ``[BS, DIM]`` keys/values of one page and dequantise to the compute dtype ``CDT``."""
+    base = slots[:, None].to(tl.int64) * stride_t + head * stride_h
+    if MODE == 2:
+        # -- NVFP4: byte i = element 2i (low nibble) | element 2i+1 (high nibble) -----------
+        packed = tl.load(ptr + base + tl.arange(0, DIM // 2)[None, :], mask=live, other=0).to(tl.int32)
+        code = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BS, DIM))
+        mag = code & 7
+        # E2M1 -> fp32 bits: mag >= 2 is 2^((mag >> 1) - 1) * (1 + (mag & 1) / 2); mag 1 is 0.5
+        bits = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22)
+        bits = tl.where(mag >= 2, bits, tl.where(mag == 1, 126 << 23, 0)) | ((code & 8) << 28)
+        val = bits.to(tl.float32, bitcast=True)
+        sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh
+                     + tl.arange(0, DIM // 16)[None, :], mask=live, other=0.0).to(tl.float32)
+        val = tl.reshape(tl.reshape(val, (BS, DIM // 16, 16)) * sc[:, :, None], (BS, DIM))
+        return val.to(CDT)
+    else:
+        return tl.load(ptr + base + tl.arange(0, DIM)[None, :], mask=live, other=0.0).to(CDT)
+
+
+@triton.jit
+def _msa_attn_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, row_req_ptr, row_pos_ptr, bid_ptr,
+    o_ptr, lse_ptr, qk_scale, v_scale,
+    stride_qr, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kst, stride_ksh, stride_vst, stride_vsh, stride_ptr, stride_br, stride_bh,
+    stride_os, stride_or, stride_oh, stride_ls, stride_lr,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
+    MODE: tl.constexpr, SPARSE: tl.constexpr, TOPK: tl.constexpr, NS: tl.constexpr,
+    F32: tl.constexpr,
+):
+    r = tl.program_id(0)
+    g = tl.program_id(1)
+    split = tl.program_id(2)
+    CDT: tl.constexpr = tl.float32 if F32 else tl.bfloat16
+    req = tl.load(row_req_ptr + r).to(tl.int64)
+    pos = tl.load(row_pos_ptr + r).to(tl.int64)
+    q_blk = pos // BS
+    # -- the group's query heads: [BLOCK_G, D] ------------------------------------------
+    hg = tl.arange(0, BLOCK_G)
+    heads = g * G + hg
+    h_ok = hg < G
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + tl.arange(0, D)[None, :],
+                mask=h_ok[:, None], other=0.0).to(CDT)
+    j = tl.arange(0, BS)
+    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, DV), tl.float32)
+    if SPARSE:
+        n_iter = tl.cdiv(TOPK - split, NS)
+    else:
+        n_iter = tl.cdiv(q_blk + 1 - split, NS)
+    for it in range(n_iter):
+        i = split + it * NS
+        if SPARSE:
+            blk = tl.load(bid_ptr + r.to(tl.int64) * stride_br + g * stride_bh + i).to(tl.int64)
+        else:
+            blk = i.to(tl.int64)
+        live = (blk >= 0) & (blk <= q_blk)
+        page = tl.load(pt_ptr + req * stride_ptr + blk, mask=live, other=0).to(tl.int64)
+        slots = page * BS + j
+        # -- load + dequantise K, scores in base 2 --------------------------------------
+        k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, BS, MODE, CDT)
+        if F32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(((blk * BS + j) <= pos)[None, :] & live, s, float("-inf"))  # token-causal
+        # -- online softmax update ----------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, BS, MODE, CDT)
+        if F32:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
+        m_i = m_new
+    # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    dv = tl.arange(0, DV)
+    o_off = split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dv[None, :]
+    if NS == 1:
+        tl.store(o_ptr + o_off, (o * v_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        tl.store(o_ptr + o_off, o, mask=h_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
+        tl.store(lse_ptr + split * stride_ls + r.to(tl.int64) * stride_lr + heads, lse, mask=h_ok)
+
+
+@triton.jit
+def _merge_kernel(o_part_ptr, lse_ptr, out_ptr, v_scale,
+                  stride_os, stride_or, stride_oh, stride_ls, stride_lr, stride_r, stride_h,
+                  NS: tl.constexpr, DV: tl.constexpr):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, NS)
+    lse = tl.load(lse_ptr + sp * stride_ls + r.to(tl.int64) * stride_lr + h)  # [NS], base 2
+    mx = tl.max(lse)
+    w = tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)))
+    o = tl.load(o_part_ptr + sp[:, None] * stride_os + r.to(tl.int64) * stride_or + h * stride_oh
+                + tl.arange(0, DV)[None, :])
+    o = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w), 1e-30)
+    tl.store(out_ptr + r.to(tl.int64) * stride_r + h * stride_h + tl.arange(0, DV),
+             (o * v_scale).to(out_ptr.dtype.element_ty))
+
+
+def _kv_mode(k_cache, v_cache, k_scales, v_scales, q):
+    """0 plain, 1 FP8, 2 NVFP4 (with block-scale checks); ValueError on a mixed pair."""
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if k_cache.dtype == torch.uint8:
+        d = q.shape[2]
+        if k_cache.shape[2] * 2 != d:
+            raise ValueError(f"NVFP4 k_cache last dim must be {d // 2}, got {k_cache.shape[2]}")
+        for name, sc, data in (("k_scales", k_scales, k_cache), ("v_scales", v_scales, v_cache)):
+            want = (data.shape[0], data.shape[1], data.shape[2] * 2 // 16)
+            if sc is None or sc.dtype != torch.float8_e4m3fn or tuple(sc.shape) != want or sc.stride(2) != 1:
+                raise ValueError(f"NVFP4 needs {name} {list(want)} float8_e4m3fn, got "
+                                 f"{None if sc is None else (tuple(sc.shape), sc.dtype)}")
+        return 2
+    if k_cache.shape[2] != q.shape[2]:
+        raise ValueError(f"k_cache head dim must be {q.shape[2]}, got {k_cache.shape[2]}")
+    return 1 if k_cache.dtype == torch.float8_e4m3fn else 0
+
+
+def msa_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    row_req: torch.Tensor,
+    row_pos: torch.Tensor,
+    block_ids: torch.Tensor | None,
+    *,
+    block_size: int,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Block-sparse (or dense causal) paged GQA attention on the GPU; matches :func:`msa_attention_ref`.
+
+    The KV layout follows ``k_cache.dtype`` (see ``kv_quant.py``): bf16/fp16/fp32 pages;
+    float8_e4m3fn pages with per-tensor ``k_scale``/``v_scale``; uint8 NVFP4 pages with
+    e4m3 block scales ``k_scales``/``v_scales`` and global scales ``k_scale``/``v_scale``.
+
+    Parameters
+    ----------
+    q : ``[R, Hq, D]`` bf16 (tensor cores) or fp32 (IEEE dot, for token-exact runs).
+    k_cache, v_cache : ``[slots, Hkv, D]`` (``[slots, Hkv, D // 2]`` uint8 for NVFP4).
+    page_table : ``[num_reqs, max_pages]`` int; ``max_pages`` bounds dense scans.
+    row_req, row_pos : ``[R]`` int.
+    block_ids : ``[R, Hkv, topk]`` int32 (``-1`` empty) or ``None`` for dense causal.
+    k_scales, v_scales : ``[slots, Hkv, D // 16]`` float8_e4m3fn, NVFP4 only.
+    out : optional ``[R, Hq, Dv]`` output in ``q.dtype``.
+
+    Returns
+    -------
+    ``[R, Hq, Dv]`` in ``q.dtype``.
+    """
+    R, Hq, D = q.shape
+    _check_page_args(page_table, row_req, row_pos, R)
+    if k_cache.dim() != 3 or v_cache.dim() != 3 or k_cache.shape[:2] != v_cache.shape[:2]:
+        raise ValueError(f"k_cache/v_cache must be [slots, Hkv, *], got {tuple(k_cache.shape)} {tuple(v_cache.shape)}")
+    mode = _kv_mode(k_cache, v_cache, k_scales, v_scales, q)
+    hkv = k_cache.shape[1]
+    if Hq % hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of KV heads ({hkv})")
+    dv = v_cache.shape[2] * (2 if mode == 2 else 1)
+    for name, n in (("head dim", D), ("value dim", dv), ("block_size", block_size)):
+        if n < 16 or n & (n - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {n}")
+    if q.stride(2) != 1 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous in the last dim")
+    if block_ids is not None and (block_ids.dim() != 3 or block_ids.shape[:2] != (R, hkv)):
+        raise ValueError(f"block_ids must be [{R}, {hkv}, topk], got {tuple(block_ids.shape)}")
+    if out is None:
+        out = torch.empty((R, Hq, dv), dtype=q.dtype, device=q.device)
+    elif out.shape != (R, Hq, dv) or out.stride(2) != 1:
+        raise ValueError(f"out must be [{R}, {Hq}, {dv}] contiguous in the last dim, got {tuple(out.shape)}")
+    if R == 0:
+        return out
+    group = Hq // hkv
+    topk = block_ids.shape[2] if block_ids is not None else 0
+    # Splits so that R * Hkv * NS fills the 132 SMs about twice; from shapes only.
+    max_splits = triton.next_power_of_2(topk) if block_ids is not None else triton.next_power_of_2(page_table.shape[1])
+    ns = 1
+    while ns < max_splits and R * hkv * ns < 264:
+        ns *= 2
+    f32 = q.dtype == torch.float32
+    if ns == 1:
+        o_buf, lse = out, out  # final output written directly; lse unused
+        o_strides = (0, out.stride(0), out.stride(1))
+        lse_strides = (0, 0)
+    else:
+        o_buf = torch.empty((ns, R, Hq, dv), dtype=torch.float32, device=q.device)
+        lse = torch.empty((ns, R, Hq), dtype=torch.float32, device=q.device)
+        o_strides = (o_buf.stride(0), o_buf.stride(1), o_buf.stride(2))
+        lse_strides = (lse.stride(0), lse.stride(1))
+    ks = k_scales if mode == 2 else k_cache
+    vs = v_scales if mode == 2 else v_cache
+    bid = block_ids if block_ids is not None else row_req
+    _msa_attn_kernel[(R, hkv, ns)](
+        q, k_cache, v_cache, ks, vs, page_table, row_req, row_pos, bid,
+        o_buf, lse, float(scale * (k_scale if mode else 1.0) * _LOG2E), float(v_scale if mode else 1.0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        ks.stride(0) if mode == 2 else 0, ks.stride(1) if mode == 2 else 0,
+        vs.stride(0) if mode == 2 else 0, vs.stride(1) if mode == 2 else 0,
+        page_table.stride(0),
+        bid.stride(0) if block_ids is not None else 0, bid.stride(1) if block_ids is not None else 0,
+        *o_strides, *lse_strides,
+        G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, DV=dv, BS=block_size,
+        MODE=mode, SPARSE=block_ids is not None, TOPK=topk, NS=ns, F32=f32,
+        num_warps=8 if (mode == 2 or f32) else 4,
+    )
+    if ns > 1:
+        _merge_kernel[(R, Hq)](
+            o_buf, lse, out, float(v_scale if mode else 1.0),
+            *o_strides, *lse_strides, out.stride(0), out.stride(1), NS=ns, DV=dv, num_warps=4,
+        )
+    return out
+
+
+def _check_page_args(page_table, row_req, row_pos, num_rows):
+    if page_table.dim() != 2:
+        raise ValueError(f"page_table must be [num_reqs, max_pages], got {tuple(page_table.shape)}")
+    if row_req.shape != (num_rows,) or row_pos.shape != (num_rows,):
+        raise ValueError(f"row_req and row_pos must be [{num_rows}], got {tuple(row_req.shape)} and {tuple(row_pos.shape)}")

@@ -1,0 +1,37 @@
+"""Paged-KV addressing shared by the MSA references and kernels.
+
+Layout contract (the same for every kernel in this package):
+
+* A token cache is token-slot major: ``cache[slot, ...]``. Slot ``s`` lives in
+  physical page ``s // page_size`` at offset ``s % page_size``.
+* ``page_size`` equals the MSA index block size, so logical block ``b`` of a
+  request *is* its page ``page_table[req, b]``; token ``j`` of that request sits
+  in slot ``page_table[req, j // page_size] * page_size + j % page_size``.
+* ``page_table``: int32/int64 ``[num_reqs, max_pages]``; entries past a request's
+  length are ignored (they may hold anything).
+* Query rows: ``row_req[R]`` (which page-table row a query row reads) and
+  ``row_pos[R]`` (the absolute position of the query token; it sees keys
+  ``0..row_pos`` inclusive). Decode has one row per request, speculative verify
+  ``1 + draft`` rows per request, prefill one row per new token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def request_slots(page_table_row: torch.Tensor, length: int, page_size: int) -> torch.Tensor:
+    """Slot ids of tokens ``0..length-1`` of one request, ``[length]`` int64."""
+    num_pages = -(-length // page_size)
+    pages = page_table_row[:num_pages].long()
+    offsets = torch.arange(page_size, device=pages.device)
+    return (pages[:, None] * page_size + offsets[None, :]).reshape(-1)[:length]
+
+
+def rows_by_request(row_req: torch.Tensor):
+    """Yield ``(req, row_ids)`` for each distinct request among the rows.
+
+    References process one request at a time so they read its history once.
+    """
+    for req in torch.unique(row_req).tolist():
+        yield req, torch.nonzero(row_req == req, as_tuple=False).flatten()

@@ -1,0 +1,54 @@
+"""Per-batch MSA plan, built once per forward and read by every layer.
+
+Every query token of the batch is a *row*: it reads the page-table row of its
+request and sees keys ``0..row_pos``. Decode has one row per request, extend
+(prefill, chunked prefill, radix-prefix hits) one row per new token. Rows are in
+the batch's token order, so row ``t`` is query token ``t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MSAMetadata:
+    page_table: torch.Tensor  # [B, max_pages] int64, physical page ids of each request in the batch
+    row_req: torch.Tensor  # [T] int64, batch index of each query row
+    row_pos: torch.Tensor  # [T] int64, absolute position of each query row
+
+    def __post_init__(self):
+        devices = {self.page_table.device, self.row_req.device, self.row_pos.device}
+        assert len(devices) == 1, f"MSA metadata split across devices: {devices}"
+        assert self.row_req.shape == self.row_pos.shape
+
+
+def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``[B, max_context / page]`` page ids; bounded by the pool's capacity, not by this batch's lengths."""
+    return req_to_token[req_pool_indices, ::page_size].long() // page_size
+
+
+def plan_decode(req_to_token, req_pool_indices, seq_lens, page_size: int) -> MSAMetadata:
+    """One row per request at position ``seq_len - 1`` (the token being decoded)."""
+    batch = req_pool_indices.shape[0]
+    return MSAMetadata(
+        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
+        row_req=torch.arange(batch, device=seq_lens.device),
+        row_pos=seq_lens.long() - 1,
+    )
+
+
+def plan_extend(req_to_token, req_pool_indices, prefix_lens, extend_lens, page_size: int) -> MSAMetadata:
+    """One row per new token; request ``i``'s rows sit at ``prefix_i .. prefix_i + extend_i - 1``."""
+    batch = req_pool_indices.shape[0]
+    extend_lens = extend_lens.long()
+    row_req = torch.repeat_interleave(torch.arange(batch, device=extend_lens.device), extend_lens)  # [T]
+    starts = torch.cumsum(extend_lens, 0) - extend_lens  # [B] first row of each request
+    offset = torch.arange(row_req.shape[0], device=row_req.device) - starts[row_req]
+    return MSAMetadata(
+        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
+        row_req=row_req,
+        row_pos=prefix_lens.long()[row_req] + offset,
+    )

@@ -1,0 +1,272 @@
+"""MiniMax-M3 configuration: one parse of the HF config, validated, frozen.
+
+Two spellings of the same text config exist and both parse (DESIGN section 4):
+
+* the released ``config.json``: ``sparse_attention_config{sparse_*}``,
+  ``moe_layer_freq``, ``hidden_act: swigluoai``, ``scoring_func`` ...
+* transformers' normalised form: ``index_*``, ``layer_types``,
+  ``mlp_layer_types`` (``MiniMaxM3VLTextConfig.__post_init__`` rewrites the
+  released keys into these and drops ``sparse_attention_config``).
+
+Anything this design cannot serve is refused here, at start-up, with a
+``ValueError`` that names the field and the value; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+M3_ARCHITECTURES = ("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForCausalLM")
+
+# transformers' layer_types values, and the released 0/1 per-layer flags mapped onto them.
+_DENSE_ATTN, _SPARSE_ATTN = "full_attention", "minimax_m3_sparse"
+_DENSE_MLP, _MOE_MLP = "dense", "sparse"
+
+
+class M3ConfigError(ValueError):
+    """A MiniMax-M3 config value this plugin refuses to serve."""
+
+
+@dataclass(frozen=True)
+class MSAConfig:
+    """MiniMax Sparse Attention selection parameters (DESIGN section 5)."""
+
+    index_heads: int  # one index head per KV group
+    index_dim: int
+    block_size: int  # == KV page size
+    topk_blocks: int
+    local_blocks: int
+
+
+@dataclass(frozen=True)
+class M3Config:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rotary_dim: int
+    max_position_embeddings: int
+    dense_intermediate_size: int
+    moe_intermediate_size: int
+    shared_intermediate_size: int
+    num_experts: int
+    top_k: int
+    routed_scaling_factor: float
+    swiglu_alpha: float
+    swiglu_limit: float
+    tie_word_embeddings: bool
+    sparse_layers: tuple[bool, ...]  # per layer: MSA attention (else dense causal)
+    moe_layers: tuple[bool, ...]  # per layer: MoE (else dense MLP)
+    msa: MSAConfig
+
+    @property
+    def sparse_layer_ids(self) -> list[int]:
+        return [i for i, s in enumerate(self.sparse_layers) if s]
+
+    @property
+    def dense_layer_ids(self) -> list[int]:
+        return [i for i, s in enumerate(self.sparse_layers) if not s]
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> "M3Config":
+        """Parse a VL config (``text_config`` inside) or a text config, either spelling."""
+        architecture = _architecture(hf_config)
+        text = getattr(hf_config, "text_config", None)
+        if text is None and isinstance(hf_config, Mapping):
+            text = hf_config.get("text_config")
+        return cls.from_text_dict(_as_dict(text if text is not None else hf_config), architecture)
+
+    @classmethod
+    def from_text_dict(cls, d: Mapping[str, Any], architecture: str) -> "M3Config":
+        num_layers = _req(d, "num_hidden_layers")
+        sparse_layers, moe_layers, msa = _parse_layers_and_msa(d, num_layers)
+        _check_activation(d)
+        _check_choice(d, "qk_norm_type", ("per_head",))
+        _check_choice(d, "use_gemma_norm", (True,))
+        _check_choice(d, "use_qk_norm", (True,))
+        _check_choice(d, "scoring_func", ("sigmoid",))
+        _check_choice(d, "use_routing_bias", (True,))
+        _check_choice(d, "attention_output_gate", (False,))
+        _check_choice(d, "n_shared_experts", (1,))
+        num_heads, num_kv_heads = _req(d, "num_attention_heads"), _req(d, "num_key_value_heads")
+        head_dim = d.get("head_dim") or _req(d, "hidden_size") // num_heads
+        rotary_dim = _rotary_dim(d, head_dim)
+        if num_heads % num_kv_heads:
+            raise M3ConfigError(
+                f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
+            )
+        if msa.index_heads != num_kv_heads:
+            raise M3ConfigError(
+                f"index_n_heads (sparse_num_index_heads)={msa.index_heads} != num_key_value_heads={num_kv_heads}: "
+                "MSA selects blocks per KV group, so each group needs exactly one index head"
+            )
+        if rotary_dim > msa.index_dim:
+            raise M3ConfigError(f"rotary_dim={rotary_dim} exceeds index_head_dim={msa.index_dim}")
+        return cls(
+            architecture=architecture,
+            hidden_size=_req(d, "hidden_size"),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            vocab_size=_req(d, "vocab_size"),
+            rms_norm_eps=float(_req(d, "rms_norm_eps")),
+            rope_theta=float(_rope_theta(d)),
+            rotary_dim=rotary_dim,
+            max_position_embeddings=_req(d, "max_position_embeddings"),
+            dense_intermediate_size=_req(d, "dense_intermediate_size"),
+            moe_intermediate_size=_req(d, "intermediate_size"),
+            shared_intermediate_size=_req(d, "shared_intermediate_size"),
+            num_experts=_req(d, "num_local_experts"),
+            top_k=_req(d, "num_experts_per_tok"),
+            routed_scaling_factor=float(_req(d, "routed_scaling_factor")),
+            swiglu_alpha=float(_req(d, "swiglu_alpha")),
+            swiglu_limit=float(_req(d, "swiglu_limit")),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            sparse_layers=sparse_layers,
+            moe_layers=moe_layers,
+            msa=msa,
+        )
+
+
+def is_m3_config(hf_config: Any) -> bool:
+    try:
+        return _architecture(hf_config) in M3_ARCHITECTURES
+    except M3ConfigError:
+        return False
+
+
+def check_page_size(page_size: int | None, msa: MSAConfig) -> int:
+    """The KV page must be one MSA block; returns the page size to use."""
+    if page_size is None:
+        return msa.block_size
+    if page_size != msa.block_size:
+        raise M3ConfigError(
+            f"page_size={page_size} conflicts with the checkpoint's index block size "
+            f"(sparse_block_size / index_block_size)={msa.block_size}: MiniMax-M3 needs "
+            f"page_size == block size; omit --page-size or pass {msa.block_size}"
+        )
+    return page_size
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _as_dict(cfg: Any) -> dict:
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    if hasattr(cfg, "to_dict"):
+        d = cfg.to_dict()
+        # to_dict() of a config built from unknown keys keeps them; attributes set
+        # after construction (transformers' __post_init__) are also in __dict__.
+        d.update({k: v for k, v in vars(cfg).items() if not k.startswith("_")})
+        return d
+    raise M3ConfigError(f"cannot read a MiniMax-M3 config from {type(cfg).__name__}")
+
+
+def _architecture(cfg: Any) -> str:
+    archs = cfg.get("architectures") if isinstance(cfg, Mapping) else getattr(cfg, "architectures", None)
+    if not archs:
+        raise M3ConfigError("config has no 'architectures' entry")
+    return archs[0]
+
+
+def _req(d: Mapping[str, Any], key: str):
+    if key not in d or d[key] is None:
+        raise M3ConfigError(f"MiniMax-M3 config is missing required field {key!r}")
+    return d[key]
+
+
+def _check_choice(d: Mapping[str, Any], key: str, allowed: tuple) -> None:
+    if key in d and d[key] is not None and d[key] not in allowed:
+        raise M3ConfigError(f"unsupported {key}={d[key]!r}; supported: {list(allowed)}")
+
+
+def _check_activation(d: Mapping[str, Any]) -> None:
+    # transformers normalises the released "swigluoai" to "silu" and computes the OAI gate inline.
+    _check_choice(d, "hidden_act", ("swigluoai", "silu"))
+
+
+def _rope_theta(d: Mapping[str, Any]) -> float:
+    if d.get("rope_theta") is not None:
+        return d["rope_theta"]
+    params = d.get("rope_parameters") or {}
+    if params.get("rope_type", "default") != "default":
+        raise M3ConfigError(f"unsupported rope_parameters.rope_type={params.get('rope_type')!r}; supported: ['default']")
+    if params.get("rope_theta") is None:
+        raise M3ConfigError("MiniMax-M3 config is missing required field 'rope_theta'")
+    return params["rope_theta"]
+
+
+def _rotary_dim(d: Mapping[str, Any], head_dim: int) -> int:
+    if d.get("rotary_dim") is not None:
+        return int(d["rotary_dim"])
+    factor = d.get("partial_rotary_factor") or (d.get("rope_parameters") or {}).get("partial_rotary_factor")
+    if factor is None:
+        raise M3ConfigError("MiniMax-M3 config is missing required field 'rotary_dim'")
+    return int(head_dim * factor)
+
+
+def _per_layer(values, num_layers: int, field: str, mapping: Mapping[Any, bool]) -> tuple[bool, ...]:
+    if len(values) != num_layers:
+        raise M3ConfigError(f"{field} has {len(values)} entries, expected num_hidden_layers={num_layers}")
+    out = []
+    for i, v in enumerate(values):
+        if v not in mapping:
+            raise M3ConfigError(f"unknown layer type {field}[{i}]={v!r}; supported: {list(mapping)}")
+        out.append(mapping[v])
+    return tuple(out)
+
+
+def _parse_layers_and_msa(d: Mapping[str, Any], num_layers: int):
+    sparse_cfg = d.get("sparse_attention_config")
+    if sparse_cfg:  # released spelling
+        if sparse_cfg.get("use_sparse_attention") is False:
+            raise M3ConfigError("sparse_attention_config.use_sparse_attention=False is not a MiniMax-M3 MSA model")
+        score = _req(sparse_cfg, "sparse_score_type")
+        if score != "max":
+            raise M3ConfigError(f"unsupported sparse_attention_config.sparse_score_type={score!r}; supported: ['max']")
+        init_block = _req(sparse_cfg, "sparse_init_block")
+        if init_block != 0:
+            raise M3ConfigError(
+                f"unsupported sparse_attention_config.sparse_init_block={init_block!r}; supported: [0]"
+            )
+        sparse_layers = _per_layer(
+            _req(sparse_cfg, "sparse_attention_freq"), num_layers, "sparse_attention_freq", {0: False, 1: True}
+        )
+        msa = MSAConfig(
+            index_heads=_req(sparse_cfg, "sparse_num_index_heads"),
+            index_dim=_req(sparse_cfg, "sparse_index_dim"),
+            block_size=_req(sparse_cfg, "sparse_block_size"),
+            topk_blocks=_req(sparse_cfg, "sparse_topk_blocks"),
+            local_blocks=_req(sparse_cfg, "sparse_local_block"),
+        )
+    else:  # transformers' normalised spelling
+        sparse_layers = _per_layer(
+            _req(d, "layer_types"), num_layers, "layer_types", {_DENSE_ATTN: False, _SPARSE_ATTN: True}
+        )
+        msa = MSAConfig(
+            index_heads=_req(d, "index_n_heads"),
+            index_dim=_req(d, "index_head_dim"),
+            block_size=_req(d, "index_block_size"),
+            topk_blocks=_req(d, "index_topk_blocks"),
+            local_blocks=_req(d, "index_local_blocks"),
+        )
+    if d.get("moe_layer_freq") is not None:
+        moe_layers = _per_layer(d["moe_layer_freq"], num_layers, "moe_layer_freq", {0: False, 1: True})
+    else:
+        moe_layers = _per_layer(
+            _req(d, "mlp_layer_types"), num_layers, "mlp_layer_types", {_DENSE_MLP: False, _MOE_MLP: True}
+        )
+    for name, value in (("block_size", msa.block_size), ("topk_blocks", msa.topk_blocks), ("index_dim", msa.index_dim)):
+        if value <= 0:
+            raise M3ConfigError(f"MSA {name}={value} must be positive")
+    if not 0 <= msa.local_blocks <= msa.topk_blocks:
+        raise M3ConfigError(f"MSA local_blocks={msa.local_blocks} must be in [0, topk_blocks={msa.topk_blocks}]")
+    return sparse_layers, moe_layers, msa

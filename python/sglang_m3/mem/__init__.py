@@ -1,0 +1,1 @@
+"""MiniMax-M3 KV memory: pool construction and the exact per-token byte budget."""

@@ -1,0 +1,44 @@
+"""Torch paths for SGLang's paged allocator on CPU.
+
+``PagedTokenToKVPoolAllocator.alloc_extend/alloc_decode`` launch Triton kernels,
+which fail without a GPU ("0 active drivers"). These do the same bookkeeping with
+tensor ops: extend reuses SGLang's own ``alloc_extend_naive`` (its NPU allocator
+uses it), decode takes a new page only for requests whose next token starts one.
+Both check capacity *before* touching ``free_pages`` and return ``None`` when the
+pool is short, exactly like the originals.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.mem_cache.allocator import alloc_extend_naive
+from sglang.srt.utils import get_num_new_pages
+
+
+def alloc_extend_cpu(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+                     num_new_pages=None):
+    if num_new_pages is None:
+        num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu)
+    if self.need_sort and num_new_pages > len(self.free_pages):
+        self.merge_and_sort_free()
+    if num_new_pages > len(self.free_pages):
+        return None
+    out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
+    alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, self.device)
+    self.free_pages = self.free_pages[num_new_pages:]
+    return out
+
+
+def alloc_decode_cpu(self, seq_lens, seq_lens_cpu, last_loc):
+    num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True)
+    if self.need_sort and num_new_pages > len(self.free_pages):
+        self.merge_and_sort_free()
+    if num_new_pages > len(self.free_pages):
+        return None
+    # seq_lens already counts the token being decoded: it opens a page when seq_len % page == 1.
+    needs_page = (seq_lens % self.page_size == 1).long()  # [B]
+    page_idx = torch.cumsum(needs_page, 0) - needs_page  # [B] index into free_pages
+    new_slot = self.free_pages[page_idx.clamp(max=max(len(self.free_pages) - 1, 0))] * self.page_size
+    out = torch.where(needs_page.bool(), new_slot, last_loc.long() + 1)
+    self.free_pages = self.free_pages[num_new_pages:]
+    return out.to(torch.int64)

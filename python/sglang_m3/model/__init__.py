@@ -1,0 +1,1 @@
+"""MiniMax-M3 text backbone for SGLang (model code only; no registries here)."""

@@ -1,0 +1,45 @@
+"""Small M3 building blocks that SGLang's own layers get wrong for M3 or cannot run on CPU.
+
+* ``PartialNeoxRope``: SGLang's ``get_rope`` dispatches to CUDA-only kernels even
+  when the model runs on CPU (seen with 0.5.17); M3 rotates only the first
+  ``rotary_dim`` of each head (NeoX pairing) and passes the rest through.
+* ``swiglu_oai``: the clamped SwiGLU of MiniMax-M3 / GPT-OSS with gate and up
+  *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PartialNeoxRope(nn.Module):
+    """Rotary embedding on ``x[..., :rotary_dim]`` (halves paired NeoX-style), rest untouched."""
+
+    def __init__(self, rotary_dim: int, theta: float):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+        self.register_buffer("inv_freq", 1.0 / (theta**exponent), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T]`` positions -> cos, sin ``[T, 1, rotary_dim / 2]`` in fp32."""
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, rd/2]
+        return freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[T, heads, head_dim]``."""
+        half = self.rotary_dim // 2
+        x1 = x[..., :half].float()
+        x2 = x[..., half : self.rotary_dim].float()
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """``[..., 2I]`` (gate first, then up) -> ``[..., I]``:
+    ``g = clamp(gate, max=limit); u = clamp(up, -limit, limit); g * sigmoid(alpha g) * (u + 1)``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(gate * alpha) * (up + 1.0)

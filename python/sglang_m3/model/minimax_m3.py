@@ -1,0 +1,128 @@
+"""MiniMax-M3 text backbone for SGLang: embed -> decoder layers -> norm -> lm_head.
+
+One class serves both released architecture names: the VL checkpoint
+(``MiniMaxM3SparseForConditionalGeneration``, text weights under
+``language_model.``; vision weights are skipped) and the text-only
+``MiniMaxM3SparseForCausalLM``. Layer kinds come from the parsed per-layer lists,
+never from a hard-coded count.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+import torch
+from sglang.srt.layers.layernorm import GemmaRMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from torch import nn
+
+from ..config import M3Config
+from .attention import M3Attention
+from .mlp import DenseMLP, MoE
+from .weights import map_name
+
+logger = logging.getLogger(__name__)
+
+
+class M3DecoderLayer(nn.Module):
+    def __init__(self, cfg: M3Config, layer_id: int, prefix: str):
+        super().__init__()
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = M3Attention(cfg, layer_id, prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = (
+            MoE(cfg, prefix=f"{prefix}.mlp")
+            if cfg.moe_layers[layer_id]
+            else DenseMLP(cfg, cfg.dense_intermediate_size, prefix=f"{prefix}.mlp")
+        )
+
+    def forward(self, positions, hidden, forward_batch):
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), forward_batch)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class M3Model(nn.Module):
+    def __init__(self, cfg: M3Config, prefix: str = "model"):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, prefix=f"{prefix}.embed_tokens")
+        self.layers = nn.ModuleList(
+            M3DecoderLayer(cfg, i, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
+        )
+        self.norm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, capture_layers=()):
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [T, H]
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in capture_layers:  # EAGLE3 reads the *input* of these layers
+                aux.append(hidden)
+            hidden = layer(positions, hidden, forward_batch)
+        return self.norm(hidden), aux
+
+
+class MiniMaxM3ForCausalLM(nn.Module):
+    """Registered for both M3 architecture names by ``sglang_m3.plugin``."""
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        if quant_config is not None:
+            raise ValueError(f"sglang-m3 serves unquantised weights only; got quantization={quant_config.get_name()!r}")
+        self.config = config
+        self.m3 = M3Config.from_hf(config)
+        text_config = getattr(config, "text_config", config)
+        self.model = M3Model(self.m3)
+        if self.m3.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(self.m3.vocab_size, self.m3.hidden_size, prefix="lm_head")
+        self.logits_processor = LogitsProcessor(text_config)
+        self.capture_layers: tuple[int, ...] = ()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, **_):
+        hidden, aux = self.model(input_ids, positions, forward_batch, input_embeds, self.capture_layers)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux or None)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded, skipped = set(), 0
+        for name, tensor in weights:
+            target = map_name(name, self.m3.moe_intermediate_size)
+            if target is None:
+                skipped += 1
+                continue
+            if target.param == "lm_head.weight" and self.m3.tie_word_embeddings:
+                continue
+            if target.param not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no MiniMax-M3 parameter (mapped to {target.param!r})")
+            param = params[target.param]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            if target.expert is not None:
+                loader(param, tensor, target.expert, target.rows)
+            elif target.shard is not None:
+                loader(param, tensor, target.shard)
+            else:
+                loader(param, tensor)
+            loaded.add(target.param)
+        if skipped:
+            logger.info("sglang-m3: skipped %d vision/MTP tensors (text serving)", skipped)
+        missing = sorted(set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set()))
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters, e.g. {missing[:5]}")
+
+
+class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3ForCausalLM):
+    """The released VL architecture name, served text-only."""
+
+
+class MiniMaxM3SparseForCausalLM(MiniMaxM3ForCausalLM):
+    """The text-only architecture name."""
+
+
+EntryClass = [MiniMaxM3SparseForConditionalGeneration, MiniMaxM3SparseForCausalLM]

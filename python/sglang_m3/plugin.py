@@ -1,0 +1,178 @@
+"""The one seam between sglang-m3 and SGLang (entry point ``sglang.srt.plugins: m3``).
+
+``register()`` runs in every SGLang process (launcher, Engine, scheduler,
+detokenizer) and is idempotent. Registries changed directly:
+
+* ``ModelRegistry.models``: both released M3 architecture names -> our model.
+* ``ATTENTION_BACKENDS`` / ``ATTENTION_BACKEND_CHOICES``: the ``m3_msa`` backend.
+* ``arg_groups.overrides._MODEL_OVERRIDE_FNS``: M3's server-arg declarations
+  (backend, page size, refusals) replace SGLang's M3 provider.
+
+Hooks (``HookRegistry``; each is unavoidable because SGLang dispatches on the
+architecture name inside these functions):
+
+* ``attention_registry.attn_backend_wrapper`` (AROUND): SGLang wraps any M3
+  backend into its own MiniMax hybrid backend; ours is returned unwrapped.
+* ``KVCacheConfigurator._build_minimax_sparse_kv_pool`` (REPLACE): our pool,
+  built from the parsed config (SGLang's reads only the released spelling).
+* ``DefaultPoolConfigurator._compute_cell_size`` (AROUND): the exact M3
+  bytes/token for the memory budget.
+* ``PagedTokenToKVPoolAllocator.alloc_extend/alloc_decode``,
+  ``mem_cache.allocation.get_last_loc`` and ``utils.common.support_triton``
+  (AROUND): torch paths on CPU, where SGLang's Triton bookkeeping kernels cannot
+  run; SGLang picks them by attention-backend name, and only ``torch_native`` /
+  ``intel_amx`` are known to it as Triton-free.
+* ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
+  skipped). SGLang marks every config with a text sub-config multimodal and
+  would load an image processor; its only opt-out list is local to __init__.
+  The vision sub-config is dropped too: SGLang's M3 config leaves it a raw dict,
+  which its CPU TP adjustment (``adjust_config_with_unaligned_cpu_tp``) trips on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "m3_msa"
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.arg_groups import overrides
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    from .config import M3_ARCHITECTURES
+    from .model.minimax_m3 import EntryClass
+    from .server_args import m3_server_overrides
+
+    ModelRegistry.models.update({cls.__name__: cls for cls in EntryClass})
+    ATTENTION_BACKENDS[BACKEND_NAME] = _create_backend
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+    for arch in M3_ARCHITECTURES:
+        overrides._MODEL_OVERRIDE_FNS[arch] = [m3_server_overrides]
+
+    hooks = [
+        ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper", _keep_m3_backend, HookType.AROUND),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_minimax_sparse_kv_pool",
+         _build_kv_pool, HookType.REPLACE),
+        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+         _cell_size, HookType.AROUND),
+        ("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend", _alloc_extend, HookType.AROUND),
+        ("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode", _alloc_decode, HookType.AROUND),
+        ("sglang.srt.mem_cache.allocation.get_last_loc", _get_last_loc, HookType.AROUND),
+        ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
+        ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
+    ]
+    for target, hook, kind in hooks:
+        HookRegistry.register(target, hook, kind)
+    _registered = True
+    # load_plugins() applies hooks after all plugins ran; applying here too makes a
+    # direct register() call (tests, scripts) complete. It is idempotent.
+    HookRegistry.apply_hooks()
+    _check_registered(ModelRegistry)
+
+
+def _check_registered(registry) -> None:
+    """Fail loudly if another plugin took the M3 names: SGLang would silently fall back."""
+    from .config import M3_ARCHITECTURES
+    from .model.minimax_m3 import MiniMaxM3ForCausalLM
+
+    for arch in M3_ARCHITECTURES:
+        cls = registry.models.get(arch)
+        if not (isinstance(cls, type) and issubclass(cls, MiniMaxM3ForCausalLM)):
+            raise RuntimeError(f"sglang-m3: architecture {arch} resolves to {cls!r}, not sglang-m3's model")
+
+
+def _create_backend(runner):
+    from .attention.backend import M3MSABackend
+
+    return M3MSABackend(runner)
+
+
+def _is_m3(hf_config) -> bool:
+    from .config import is_m3_config
+
+    return is_m3_config(hf_config)
+
+
+def _keep_m3_backend(original, runner, full_attn_backend):
+    from .attention.backend import M3MSABackend
+
+    if isinstance(full_attn_backend, M3MSABackend):
+        return full_attn_backend
+    return original(runner, full_attn_backend)
+
+
+def _build_kv_pool(self, *, max_total_num_tokens: int):
+    from .mem.kv_pool import build_kv_pool
+
+    return build_kv_pool(self, max_total_num_tokens)
+
+
+def _cell_size(original, self, kvc, num_layers: int) -> int:
+    if not _is_m3(kvc.model_config.hf_config):
+        return original(self, kvc, num_layers)
+    from .config import M3Config
+    from .mem.kv_pool import bytes_per_token, check_kv_dtype
+
+    check_kv_dtype(kvc.kv_cache_dtype, kvc.kv_cache_dtype_str)
+    return bytes_per_token(M3Config.from_hf(kvc.model_config.hf_config), kvc.kv_cache_dtype, kvc.kv_cache_dtype)["total"]
+
+
+def _alloc_extend(original, self, *args, **kwargs):
+    if str(self.device) != "cpu":
+        return original(self, *args, **kwargs)
+    from .mem.cpu_alloc import alloc_extend_cpu
+
+    return alloc_extend_cpu(self, *args, **kwargs)
+
+
+def _alloc_decode(original, self, *args, **kwargs):
+    if str(self.device) != "cpu":
+        return original(self, *args, **kwargs)
+    from .mem.cpu_alloc import alloc_decode_cpu
+
+    return alloc_decode_cpu(self, *args, **kwargs)
+
+
+def _get_last_loc(original, req_to_token, req_pool_indices, prefix_lens):
+    if req_to_token.device.type != "cpu":
+        return original(req_to_token, req_pool_indices, prefix_lens)
+    from sglang.srt.mem_cache.allocation import get_last_loc_torch
+
+    return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+
+
+def _support_triton(original, backend):
+    import torch
+
+    if backend == BACKEND_NAME and not torch.cuda.is_available():
+        return False
+    return original(backend)
+
+
+_MULTIMODAL_FLAGS = (
+    "is_multimodal", "is_audio_model", "is_image_understandable_model", "is_audio_understandable_model",
+    "is_multimodal_chunked_prefill_supported", "is_multimodal_piecewise_cuda_graph_supported",
+    "is_multimodal_breakable_cuda_graph_supported",
+)
+
+
+def _text_only(result, self, *args, **kwargs):
+    if not _is_m3(self.hf_config):
+        return
+    if kwargs.get("enable_multimodal"):
+        raise ValueError("--enable-multimodal: sglang-m3 serves MiniMax-M3 text-only (vision weights are skipped)")
+    for flag in _MULTIMODAL_FLAGS:
+        setattr(self, flag, False)
+    if hasattr(self.hf_config, "vision_config"):
+        del self.hf_config.vision_config
