@@ -1,0 +1,87 @@
+"""Shared fixtures for end-to-end tests: cached tiny checkpoints, prompts, engines.
+
+Engines take ~30 s to start on CPU, so each test module shares one (module scope)
+and the OpenAI server is one per session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_m3.tiny import default_checkpoint
+
+# fp32 model and KV: token-exact comparisons need it (DESIGN section 5).
+ENGINE_ARGS = dict(device="cpu", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl():
+    return default_checkpoint("m3-tiny", "vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_text():
+    return default_checkpoint("m3-tiny-gqa", "text")
+
+
+@pytest.fixture(scope="session")
+def corpus_ids(tiny_vl):
+    """A long token stream from the shipped corpus (both tiny checkpoints share the tokenizer)."""
+    from importlib import resources
+
+    from transformers import AutoTokenizer
+
+    text = resources.files("sglang_m3").joinpath("assets/tokenizer_corpus.txt").read_text()
+    return AutoTokenizer.from_pretrained(tiny_vl)(text).input_ids
+
+
+def prompts_from(ids: list[int]) -> list[list[int]]:
+    """Mixed lengths: below the sparse threshold (block 16 x top-4 = 64) and well past it."""
+    return [ids[:9], ids[100:150], ids[300:500], ids[700:1017]]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server_url(tiny_vl, tmp_path_factory):
+    """``python -m sglang.launch_server`` on the tiny checkpoint; yields the OpenAI root URL."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_vl), "--host", "127.0.0.1",
+           "--port", str(port), "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
+           "--max-total-tokens", "8192", "--enable-cache-report", "--log-level", "warning"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"server did not come up in 240 s:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
