@@ -22,6 +22,10 @@ architecture name inside these functions):
   (AROUND): torch paths on CPU, where SGLang's Triton bookkeeping kernels cannot
   run; SGLang picks them by attention-backend name, and only ``torch_native`` /
   ``intel_amx`` are known to it as Triton-free.
+* ``ServerArgs._handle_kv4_compatibility`` (AROUND): SGLang allows
+  ``--kv-cache-dtype nvfp4`` only on Blackwell with its own backends; for M3 it
+  selects our hybrid layout, whose NVFP4 pages are dequantised inside our kernels
+  (Hopper) or the references (CPU).
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -47,7 +51,10 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.server_args import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
 
     from .config import M3_ARCHITECTURES
     from .model.minimax_m3 import EntryClass
@@ -70,6 +77,7 @@ def register() -> None:
         ("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode", _alloc_decode, HookType.AROUND),
         ("sglang.srt.mem_cache.allocation.get_last_loc", _get_last_loc, HookType.AROUND),
         ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
+        ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
         ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
     ]
     for target, hook, kind in hooks:
@@ -122,10 +130,10 @@ def _cell_size(original, self, kvc, num_layers: int) -> int:
     if not _is_m3(kvc.model_config.hf_config):
         return original(self, kvc, num_layers)
     from .config import M3Config
-    from .mem.kv_pool import bytes_per_token, check_kv_dtype
+    from .mem.layout import bytes_per_token, layout_for
 
-    check_kv_dtype(kvc.kv_cache_dtype, kvc.kv_cache_dtype_str)
-    return bytes_per_token(M3Config.from_hf(kvc.model_config.hf_config), kvc.kv_cache_dtype, kvc.kv_cache_dtype)["total"]
+    layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
+    return bytes_per_token(M3Config.from_hf(kvc.model_config.hf_config), layout)["total"]
 
 
 def _alloc_extend(original, self, *args, **kwargs):
@@ -158,6 +166,12 @@ def _support_triton(original, backend):
     if backend == BACKEND_NAME and not torch.cuda.is_available():
         return False
     return original(backend)
+
+
+def _kv4_check(original, self):
+    if _is_m3(self.get_model_config().hf_config):
+        return None
+    return original(self)
 
 
 _MULTIMODAL_FLAGS = (

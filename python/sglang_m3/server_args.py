@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import M3Config, check_page_size
+from .mem.layout import check_kv_cache_dtype
 
-_SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "float32")
 # ServerArgs fills these in for CPU before model overrides run, so they are not the user's choice.
 _DEVICE_DEFAULT_BACKENDS = {"cpu": ("intel_amx", "torch_native")}
 
@@ -26,11 +26,7 @@ def m3_server_overrides(server_args: Any, hf_config: Any) -> dict:
             raise ValueError(f"--{field.replace('_', '-')}={value!r}: MiniMax-M3 runs on sglang-m3's 'm3_msa' backend")
     if server_args.tp_size != 1:
         raise ValueError(f"--tp-size={server_args.tp_size}: sglang-m3 serves MiniMax-M3 with tp_size=1 only (for now)")
-    if server_args.kv_cache_dtype not in _SUPPORTED_KV_CACHE_DTYPES:
-        raise ValueError(
-            f"--kv-cache-dtype={server_args.kv_cache_dtype!r} is not supported by sglang-m3 yet; "
-            f"supported: {list(_SUPPORTED_KV_CACHE_DTYPES)}"
-        )
+    check_kv_cache_dtype(server_args.kv_cache_dtype)
     if server_args.speculative_algorithm is not None:
         raise ValueError(
             f"--speculative-algorithm={server_args.speculative_algorithm!r}: not supported by sglang-m3 yet"

@@ -7,11 +7,12 @@ and the OpenAI server is one per session.
 from __future__ import annotations
 
 import pytest
-
 from sglang_m3.tiny import default_checkpoint
 
 # fp32 model and KV: token-exact comparisons need it (DESIGN section 5).
-ENGINE_ARGS = dict(device="cpu", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192)
+# sleep_on_idle: an idle scheduler must not spin on one of CI's two cores while references compute.
+ENGINE_ARGS = dict(device="cpu", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192,
+                   sleep_on_idle=True)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +62,7 @@ def server_url(tiny_vl, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_vl), "--host", "127.0.0.1",
            "--port", str(port), "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
-           "--max-total-tokens", "8192", "--enable-cache-report", "--log-level", "warning"]
+           "--max-total-tokens", "8192", "--enable-cache-report", "--sleep-on-idle", "--log-level", "warning"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sglang_m3.bench import acceptance, gsm8k, mmlu, serving
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import sglang as sgl
-
 from sglang_m3.config import M3ConfigError
 
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from sglang_m3.config import M3Config, M3ConfigError, check_page_size
 
 RELEASED = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimax-m3" / "config.json"
@@ -38,7 +37,10 @@ def test_released_spelling(released):
 
 
 def test_transformers_normalised_spelling(released):
-    from transformers.models.minimax_m3_vl import MiniMaxM3VLConfig, MiniMaxM3VLTextConfig
+    from transformers.models.minimax_m3_vl import (
+        MiniMaxM3VLConfig,
+        MiniMaxM3VLTextConfig,
+    )
 
     vl = MiniMaxM3VLConfig(text_config=copy.deepcopy(released["text_config"]), architectures=released["architectures"])
     assert not hasattr(vl.text_config, "sparse_attention_config")  # transformers dropped the released keys

@@ -7,7 +7,6 @@ fp32 throughout; a layout change (page permutation) must not change a single bit
 from __future__ import annotations
 
 import torch
-
 from sglang_m3_kernels.msa_index_topk import msa_topk_ref, msa_topk_shared_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention_ref
 

@@ -6,7 +6,6 @@ import hashlib
 import json
 
 from safetensors import safe_open
-
 from sglang_m3.config import M3Config
 from sglang_m3.tiny import build_checkpoint
 

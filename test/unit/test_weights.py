@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sglang_m3.model.weights import map_name
 
 I = 32  # MoE intermediate size

@@ -6,12 +6,12 @@ selection + attention over the pool's pages. Dense layers are MSA with no
 selection (plain causal attention over the same pages).
 
 This is the pure-PyTorch reference path (``sglang_m3_kernels`` ``*_ref``): it runs
-on CPU, and it is the oracle for the CUDA kernels.
+on CPU, and it is the oracle for the CUDA kernels. It reads the pool's dequantised
+view of a whole layer, which is fine for CPU-sized pools; kernels read pages in place.
 """
 
 from __future__ import annotations
 
-import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang_m3_kernels.msa_index_topk import msa_topk_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention_ref
@@ -69,7 +69,7 @@ class M3MSABackend(AttentionBackend):
             msa = self.cfg.msa
             block_ids = msa_topk_ref(
                 index_q,
-                self.pool.get_index_k_buffer(lid).view(-1, msa.index_dim),
+                self.pool.read_index_k(lid),
                 md.page_table,
                 md.row_req,
                 md.row_pos,
@@ -77,10 +77,11 @@ class M3MSABackend(AttentionBackend):
                 topk=msa.topk_blocks,
                 local_blocks=msa.local_blocks,
             )
+        k_cache, v_cache = self.pool.read_kv(lid)
         out = msa_attention_ref(
             q.view(T, layer.tp_q_head_num, layer.qk_head_dim),
-            self.pool.get_key_buffer(lid),
-            self.pool.get_value_buffer(lid),
+            k_cache,
+            v_cache,
             md.page_table,
             md.row_req,
             md.row_pos,

@@ -35,10 +35,12 @@ def alloc_decode_cpu(self, seq_lens, seq_lens_cpu, last_loc):
         self.merge_and_sort_free()
     if num_new_pages > len(self.free_pages):
         return None
-    # seq_lens already counts the token being decoded: it opens a page when seq_len % page == 1.
-    needs_page = (seq_lens % self.page_size == 1).long()  # [B]
-    page_idx = torch.cumsum(needs_page, 0) - needs_page  # [B] index into free_pages
-    new_slot = self.free_pages[page_idx.clamp(max=max(len(self.free_pages) - 1, 0))] * self.page_size
-    out = torch.where(needs_page.bool(), new_slot, last_loc.long() + 1)
-    self.free_pages = self.free_pages[num_new_pages:]
-    return out.to(torch.int64)
+    out = last_loc.long() + 1
+    if num_new_pages:
+        # seq_lens already counts the token being decoded: it opens a page when seq_len % page == 1.
+        needs_page = seq_lens % self.page_size == 1  # [B]
+        page_idx = torch.cumsum(needs_page.long(), 0) - needs_page.long()  # [B] index into free_pages
+        page_idx = page_idx.clamp(max=num_new_pages - 1)  # rows that need no page read a valid dummy
+        out = torch.where(needs_page, self.free_pages[page_idx] * self.page_size, out)
+        self.free_pages = self.free_pages[num_new_pages:]
+    return out

@@ -1,8 +1,12 @@
-"""The M3 KV pool: K/V for every attention layer plus index-K for sparse layers, one slot space.
+"""The M3 KV pool: every attention layer's K/V, index-K for sparse layers and K/V for
+EAGLE3 draft layers, all addressed by the same token slot (one allocator, one
+``req_to_token``, one radix tree), so freeing, eviction and retraction release
+target KV, index-K, scales and draft KV together. Page size == MSA block size.
 
-Built from the parsed ``M3Config`` (SGLang's own builder reads only the released
-config spelling and sizes an index-V cache M3 never uses). Storage is SGLang's
-``MiniMaxSparseKVPool`` with every sparse layer K-only on the index side.
+Each row store holds one format (``layout.py``): plain, FP8 (per-tensor scale) or
+NVFP4 (E2M1 pairs + E4M3 block scales + global scale); quantised on write,
+dequantised on read. On CUDA writes go through the fused Triton store; on CPU
+through the PyTorch references, which are its oracle.
 """
 
 from __future__ import annotations
@@ -10,57 +14,126 @@ from __future__ import annotations
 import logging
 
 import torch
+from sglang.srt.mem_cache.memory_pool import KVCache
+from sglang_m3_kernels.kv_quant import (
+    dequantize_cache,
+    fp8_quantize_ref,
+    kv_store,
+    nvfp4_quantize_ref,
+)
 
 from ..config import M3Config
+from .layout import FP8, PLAIN, KVLayout, bytes_per_token
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+class RowStore:
+    """Token rows ``[slots, heads, dim]`` in one storage format."""
+
+    def __init__(self, fmt: str, slots: int, heads: int, dim: int, plain_dtype: torch.dtype, device):
+        self.fmt, self.scale, self.scales = fmt, 1.0, None  # static unit scales (no calibration data)
+        if fmt == PLAIN:
+            self.data = torch.zeros(slots, heads, dim, dtype=plain_dtype, device=device)
+        elif fmt == FP8:
+            self.data = torch.zeros(slots, heads, dim, dtype=torch.float8_e4m3fn, device=device)
+        else:
+            self.data = torch.zeros(slots, heads, dim // 2, dtype=torch.uint8, device=device)
+            self.scales = torch.zeros(slots, heads, dim // 16, dtype=torch.float8_e4m3fn, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
+
+    def write(self, loc: torch.Tensor, x: torch.Tensor) -> None:
+        """Quantise ``x [T, heads, dim]`` into slots ``loc [T]``."""
+        if self.data.is_cuda:
+            kv_store(x, loc, self.data, scale=self.scale, scales=self.scales)
+            return
+        loc = loc.long()
+        if self.fmt == PLAIN:
+            self.data[loc] = x.to(self.data.dtype)
+        elif self.fmt == FP8:  # CPU float8 tensors take no index_put: write the bytes
+            self.data.view(torch.uint8)[loc] = fp8_quantize_ref(x, self.scale).view(torch.uint8)
+        else:
+            data, scales = nvfp4_quantize_ref(x, self.scale)
+            self.data[loc] = data
+            self.scales.view(torch.uint8)[loc] = scales.view(torch.uint8)
+
+    def read(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantised copy of every slot (the reference path's view)."""
+        return dequantize_cache(self.data, scale=self.scale, scales=self.scales, dtype=dtype)
 
 
-def bytes_per_token(cfg: M3Config, kv_dtype: torch.dtype, index_dtype: torch.dtype) -> dict[str, int]:
-    """Exact KV bytes one token costs, by layer kind and in total."""
-    kv = 2 * cfg.num_kv_heads * cfg.head_dim * torch._utils._element_size(kv_dtype)
-    index = cfg.msa.index_dim * torch._utils._element_size(index_dtype)
-    n_sparse, n_dense = len(cfg.sparse_layer_ids), len(cfg.dense_layer_ids)
-    return {
-        "dense_layer": kv,
-        "sparse_layer": kv + index,
-        "total": n_dense * kv + n_sparse * (kv + index),
-    }
+class M3KVPool(KVCache):
+    def __init__(self, size: int, page_size: int, cfg: M3Config, layout: KVLayout, device, *,
+                 start_layer: int = 0, end_layer: int | None = None, draft_kv_heads: tuple[int, ...] = ()):
+        end_layer = cfg.num_layers if end_layer is None else end_layer
+        super().__init__(size, page_size, layout.plain_dtype, end_layer - start_layer, device, False,
+                         start_layer, end_layer)
+        self.cfg, self.layout, self.draft_kv_heads = cfg, layout, draft_kv_heads
+        slots = size + page_size  # SGLang pools keep one spare page for padded writes
+        D, H = cfg.head_dim, cfg.num_kv_heads
+        self.k, self.v, self.index_k = {}, {}, {}
+        for lid in range(start_layer, end_layer):
+            fmt = layout.sparse if cfg.sparse_layers[lid] else layout.dense
+            self.k[lid] = RowStore(fmt, slots, H, D, layout.plain_dtype, device)
+            self.v[lid] = RowStore(fmt, slots, H, D, layout.plain_dtype, device)
+            if cfg.sparse_layers[lid]:
+                self.index_k[lid] = RowStore(layout.index, slots, 1, cfg.msa.index_dim, layout.plain_dtype, device)
+        for i, heads in enumerate(draft_kv_heads):  # draft layers follow the target's layer ids
+            lid = cfg.num_layers + i
+            self.k[lid] = RowStore(layout.draft, slots, heads, D, layout.plain_dtype, device)
+            self.v[lid] = RowStore(layout.draft, slots, heads, D, layout.plain_dtype, device)
+        stores = [*self.k.values(), *self.v.values(), *self.index_k.values()]
+        self.mem_usage = sum(s.nbytes for s in stores) / (1 << 30)
+        self.head_num, self.head_dim = H, D
+
+    # -- writes (quantise on write) -------------------------------------------------------
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
+        self.k[layer.layer_id].write(loc, cache_k)
+        self.v[layer.layer_id].write(loc, cache_v)
+
+    def set_index_k_buffer(self, layer, loc, index_k: torch.Tensor) -> None:
+        self.index_k[layer.layer_id].write(loc, index_k.reshape(index_k.shape[0], 1, -1))
+
+    # -- reads ----------------------------------------------------------------------------
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k[layer_id].data
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v[layer_id].data
+
+    def get_kv_buffer(self, layer_id: int):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def read_kv(self, layer_id: int, dtype: torch.dtype = torch.float32):
+        """Dequantised K, V ``[slots, H, D]`` of a layer."""
+        return self.k[layer_id].read(dtype), self.v[layer_id].read(dtype)
+
+    def read_index_k(self, layer_id: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantised index-K ``[slots, D_idx]`` of a sparse layer."""
+        return self.index_k[layer_id].read(dtype)[:, 0]
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        raise NotImplementedError("sglang-m3's KV pool does not support hierarchical-cache CPU copies")
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        raise NotImplementedError("sglang-m3's KV pool does not support hierarchical-cache CPU copies")
 
 
-def check_kv_dtype(kv_dtype: torch.dtype, kv_cache_dtype_str: str | None) -> None:
-    if kv_dtype not in SUPPORTED_KV_DTYPES:
-        raise ValueError(
-            f"--kv-cache-dtype={kv_cache_dtype_str!r} ({kv_dtype}) is not supported by sglang-m3 yet; "
-            f"use 'auto' (the model dtype)"
-        )
-
-
-def build_kv_pool(kvc, max_total_num_tokens: int):
+def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
     """``KVCacheConfigurator``-side constructor (see ``plugin.py``)."""
-    from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool
+    from .layout import layout_for
 
     cfg = M3Config.from_hf(kvc.model_config.hf_config)
-    check_kv_dtype(kvc.kv_cache_dtype, kvc.kv_cache_dtype_str)
-    budget = bytes_per_token(cfg, kvc.kv_cache_dtype, kvc.kv_cache_dtype)
+    layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
+    budget = bytes_per_token(cfg, layout)
     logger.info(
-        "sglang-m3 KV pool: %d tokens, %d B/token (dense layer %d B, sparse layer %d B incl. index-K), %s",
-        max_total_num_tokens, budget["total"], budget["dense_layer"], budget["sparse_layer"], kvc.kv_cache_dtype,
+        "sglang-m3 KV pool (%s): %d B/token = dense layer %d + sparse layer %d + index-K %d per sparse layer; "
+        "capacity %d tokens (%d pages of %d)",
+        layout.name, budget["total"], budget["dense_layer"], budget["sparse_layer"], budget["index_k"],
+        max_total_num_tokens, max_total_num_tokens // kvc.pool_page_size, kvc.pool_page_size,
     )
-    return MiniMaxSparseKVPool(
-        size=max_total_num_tokens,
-        page_size=kvc.pool_page_size,
-        dtype=kvc.kv_cache_dtype,
-        index_dtype=kvc.kv_cache_dtype,
-        head_num=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        idx_head_dim=cfg.msa.index_dim,
-        dense_layer_ids=cfg.dense_layer_ids,
-        sparse_layer_ids=cfg.sparse_layer_ids,
-        disable_value_sparse_layer_ids=cfg.sparse_layer_ids,  # M3 has no index value
-        device=kvc.device,
-        start_layer=kvc.layer_info.start_layer,
-        end_layer=kvc.layer_info.end_layer,
-    )
+    return M3KVPool(max_total_num_tokens, kvc.pool_page_size, cfg, layout, kvc.device,
+                    start_layer=kvc.layer_info.start_layer, end_layer=kvc.layer_info.end_layer)

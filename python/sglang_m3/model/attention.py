@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import torch
 from sglang.srt.layers.layernorm import GemmaRMSNorm
-from sglang.srt.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from torch import nn

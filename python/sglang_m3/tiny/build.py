@@ -83,8 +83,14 @@ def _init_weights(model: torch.nn.Module, seed: int) -> None:
 
 def build_checkpoint(out_dir: str | os.PathLike, name: str = "m3-tiny", variant: str = "vl", seed: int = 0) -> Path:
     """Write checkpoint ``name`` (a key of ``TINY_CONFIGS``) as ``variant`` ('vl' or 'text') into ``out_dir``."""
-    from transformers import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLForCausalLM
-    from transformers.models.minimax_m3_vl import MiniMaxM3VLConfig, MiniMaxM3VLTextConfig
+    from transformers import (
+        MiniMaxM3SparseForConditionalGeneration,
+        MiniMaxM3VLForCausalLM,
+    )
+    from transformers.models.minimax_m3_vl import (
+        MiniMaxM3VLConfig,
+        MiniMaxM3VLTextConfig,
+    )
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny config name={name!r}; choose from {sorted(TINY_CONFIGS)}")

@@ -1,0 +1,75 @@
+"""KV layouts and the exact byte budget, from the real released config; pool round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from sglang_m3.config import M3Config
+from sglang_m3.mem.kv_pool import M3KVPool
+from sglang_m3.mem.layout import bytes_per_token, layout_for
+from sglang_m3_kernels.kv_quant import nvfp4_dequantize_ref, nvfp4_quantize_ref
+
+RELEASED = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimax-m3" / "config.json"
+
+
+@pytest.fixture(scope="module")
+def m3() -> M3Config:
+    return M3Config.from_hf(json.loads(RELEASED.read_text()))
+
+
+@pytest.mark.parametrize("kv_dtype, total", [("bf16", 137_472), ("fp8_e4m3", 68_736), ("nvfp4", 43_200)])
+def test_released_bytes_per_token(m3, kv_dtype, total):
+    layout = layout_for(kv_dtype, torch.bfloat16)
+    assert bytes_per_token(m3, layout)["total"] == total
+    # a 4-KV-head draft layer in the layout's draft format (FP8 for both quantised layouts)
+    extra = {"bf16": 2048, "fp8_e4m3": 1024, "nvfp4": 1024}[kv_dtype]
+    assert bytes_per_token(m3, layout, draft_kv_heads=(4,))["total"] == total + extra
+
+
+def test_released_per_layer_bytes(m3):
+    hybrid = bytes_per_token(m3, layout_for("nvfp4", torch.bfloat16))
+    assert (hybrid["dense_layer"], hybrid["sparse_layer"], hybrid["index_k"]) == (1024, 576, 128)
+
+
+def test_unsupported_kv_dtype_is_refused():
+    with pytest.raises(ValueError, match="--kv-cache-dtype='fp8_e5m2'"):
+        layout_for("fp8_e5m2", torch.bfloat16)
+
+
+class _Layer:
+    def __init__(self, layer_id):
+        self.layer_id = layer_id
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3", "nvfp4"])
+def test_pool_round_trip_and_budget(kv_dtype):
+    from sglang_m3.tiny.build import released_text_config
+
+    cfg = M3Config.from_text_dict(released_text_config("m3-tiny"), "MiniMaxM3SparseForCausalLM")
+    layout = layout_for(kv_dtype, torch.float32)
+    pool = M3KVPool(64, 16, cfg, layout, "cpu", draft_kv_heads=(1,))
+    slots = 64 + 16
+    assert pool.mem_usage * (1 << 30) == pytest.approx(slots * bytes_per_token(cfg, layout, (1,))["total"])
+    g = torch.Generator().manual_seed(0)
+    loc = torch.tensor([17, 3, 40])
+    for lid in (0, 1, cfg.num_layers):  # dense, sparse, draft
+        k, v = torch.randn(3, 1, 32, generator=g), torch.randn(3, 1, 32, generator=g)
+        pool.set_kv_buffer(_Layer(lid), loc, k, v)
+        got_k, got_v = pool.read_kv(lid)
+        fmt = pool.k[lid].fmt
+        if fmt == "plain":
+            assert torch.equal(got_k[loc], k) and torch.equal(got_v[loc], v)
+        elif fmt == "fp8":
+            assert torch.equal(got_k[loc], k.to(torch.float8_e4m3fn).float())
+        else:
+            assert torch.equal(got_k[loc], nvfp4_dequantize_ref(*nvfp4_quantize_ref(k), 1.0, torch.float32))
+        untouched = torch.ones(slots, dtype=torch.bool)
+        untouched[loc] = False
+        assert not got_k[untouched].any()  # writes touched nothing else
+    ik = torch.randn(3, 32, generator=g)
+    pool.set_index_k_buffer(_Layer(1), loc, ik)
+    tol = 0 if layout.index == "plain" else 0.07  # FP8 e4m3: 3 mantissa bits, relative step 2^-4
+    torch.testing.assert_close(pool.read_index_k(1)[loc], ik, atol=tol * ik.abs().max().item(), rtol=0)
