@@ -1,1 +1,7 @@
-"""Triton kernels for MiniMax-M3 sparse attention, each beside its PyTorch reference; no SGLang imports."""
+"""Triton kernels for MiniMax-M3 sparse attention, each beside its PyTorch reference; no SGLang imports.
+
+Modules: ``paged`` (page-table addressing contract), ``kv_quant`` (FP8 / NVFP4 references and
+the fused quantise-and-store ``kv_store``), ``msa_index_topk`` (indexer block scores + top-k:
+``msa_topk_ref`` / ``msa_topk``), ``msa_sparse_attn`` (block-sparse or dense paged GQA
+attention: ``msa_attention_ref`` / ``msa_attention``). Timings: ``benchmarks/kernels.md``.
+"""

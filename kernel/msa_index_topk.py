@@ -144,13 +144,19 @@ def msa_topk_shared_ref(
 #    per tile instead of once per row. Output: causal block max ``[R, H, max_pages]`` fp32;
 #    columns past a row's own block are never written and never read.
 # 2. ``_topk_select_kernel``: grid (R, H). Forces the local blocks to +inf and extracts the
-#    top-k by repeated arg-max under the total order (score desc, block asc), so the result
-#    equals ``msa_topk_ref`` slot for slot; exhausted slots (-inf) are -1.
+#    top-k under the total order (score desc, block asc), so the result equals
+#    ``msa_topk_ref`` slot for slot; exhausted slots (-inf) are -1. Rows of up to 4096
+#    blocks (512K tokens at block 128) take one in-register bitonic top-k on packed
+#    (score, block) int64 keys; longer rows stream in chunks with one arg-max sweep per slot.
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-_NEG_INF = float("-inf")
+# Single-row tiles with one index head (TP decode) run on CUDA-core FMAs when the index-K
+# cache is FP8: e4m3 -> fp32 per element beat the tensor-core path's e4m3 -> fp16 + smem
+# staging (H200, batch 64 x 128K: 281 vs 330 us); with bf16 caches the tensor-core tile
+# kernel was as fast or faster (batch 8 x 32K: 31 vs 35 us). Knob for the sweep script.
+_SCORE_ROW_FMA = False
 
 
 @triton.jit
@@ -160,6 +166,7 @@ def _block_score_kernel(
     stride_qr, stride_qh, stride_kt, stride_ptr, stride_sr, stride_sh,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr, Q_FP32: tl.constexpr,
+    K_FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_page = tl.program_id(1) * PAGES
@@ -173,8 +180,11 @@ def _block_score_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    if not Q_FP32:
-        q = q.to(tl.bfloat16)
+    # dot dtype: fp32 (IEEE) for fp32 q; fp16 for an FP8 cache (sm_90 widens e4m3x2 ->
+    # f16x2 in one instruction, but has no direct e4m3 -> bf16; normed q converts to fp16
+    # exactly); bf16 for a bf16 cache
+    CDT: tl.constexpr = tl.float32 if Q_FP32 else (tl.float16 if K_FP8 else tl.bfloat16)
+    q = q.to(CDT)
     j = tl.arange(0, BS)
     done = ~row_ok
     # -- one segment (= one request) per trip; usually a single trip --------------------
@@ -189,9 +199,9 @@ def _block_score_kernel(
             # -- load one index-K page [BS, D]; fp8 widens exactly to bf16/fp32 ---------
             kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
             if Q_FP32:
-                s = tl.dot(q, tl.trans(kt.to(tl.float32)), input_precision="ieee")  # [BLOCK_M, BS]
+                s = tl.dot(q, tl.trans(kt.to(CDT)), input_precision="ieee")  # [BLOCK_M, BS]
             else:
-                s = tl.dot(q, tl.trans(kt.to(tl.bfloat16)))
+                s = tl.dot(q, tl.trans(kt.to(CDT)))
             # -- token-causal mask, then block max-pool ----------------------------------
             key_pos = b * BS + j
             s = tl.where(key_pos[None, :] <= pos[:, None], s, float("-inf"))
@@ -201,11 +211,36 @@ def _block_score_kernel(
 
 
 @triton.jit
+def _block_score_row_kernel(
+    q_ptr, k_ptr, pt_ptr, row_req_ptr, row_pos_ptr, score_ptr, k_scale,
+    stride_qr, stride_kt, stride_ptr, stride_sr,
+    D: tl.constexpr, BS: tl.constexpr, PAGES: tl.constexpr,
+):
+    """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
+    r = tl.program_id(0)
+    first_page = tl.program_id(1) * PAGES
+    req = tl.load(row_req_ptr + r).to(tl.int64)
+    pos = tl.load(row_pos_ptr + r).to(tl.int64)
+    last_blk = pos // BS
+    d = tl.arange(0, D)
+    j = tl.arange(0, BS)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + d).to(tl.float32)
+    for i in range(PAGES):
+        b = first_page + i
+        live = b <= last_blk
+        page = tl.load(pt_ptr + req * stride_ptr + b, mask=live, other=0).to(tl.int64)
+        kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
+        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BS] exact fp32 products
+        s = tl.where(b * BS + j <= pos, s, float("-inf"))
+        tl.store(score_ptr + r.to(tl.int64) * stride_sr + b, tl.max(s) * k_scale, mask=live)
+
+
+@triton.jit
 def _topk_select_kernel(
     score_ptr, row_pos_ptr, out_ptr,
     stride_sr, stride_sh, stride_or, stride_oh,
     BS: tl.constexpr, TOPK: tl.constexpr, LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, K2: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -217,24 +252,41 @@ def _topk_select_kernel(
     BIG: tl.constexpr = 2147483647
     prev_s = float("inf")
     prev_b = -1
-    for t in range(TOPK):
-        # -- next element after (prev_s, prev_b) in (score desc, block asc) order -------
-        best_s = float("-inf")
-        best_b = BIG
-        for c in range(NUM_CHUNKS):
-            b = c * CHUNK + tl.arange(0, CHUNK)
-            s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
-            s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
-            cand = ((s < prev_s) | ((s == prev_s) & (b > prev_b))) & (b < nb)
-            cs = tl.max(tl.where(cand, s, float("-inf")))
-            cb = tl.min(tl.where(cand & (s == cs), b, BIG))
-            better = (cs > best_s) | ((cs == best_s) & (cb < best_b))
-            best_s = tl.where(better, cs, best_s)
-            best_b = tl.where(better, cb, best_b)
-        # -- -inf means no key of this block is visible: the slot is empty --------------
-        tl.store(o_row + t, tl.where((best_s == float("-inf")) | (best_b == BIG), -1, best_b).to(tl.int32))
-        prev_s = best_s
-        prev_b = best_b
+    if NUM_CHUNKS == 1:
+        # -- whole row in registers: one bitonic top-k on packed int64 keys ----------------
+        # key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys
+        # are (score desc, block asc), exactly the reference order. Absent blocks get -1.
+        b = tl.arange(0, CHUNK)
+        s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
+        s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
+        bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
+        ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
+        key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
+        top = tl.topk(key, K2)  # [K2], descending
+        blk = 2147483647 - (top & 2147483647)
+        # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
+        blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
+        t = tl.arange(0, K2)
+        tl.store(o_row + t, blk.to(tl.int32), mask=t < TOPK)
+    else:
+        # -- long rows: the same sweeps, streaming the row chunk by chunk (L2 resident) --
+        for t in range(TOPK):
+            best_s = float("-inf")
+            best_b = BIG
+            for c in range(NUM_CHUNKS):
+                b = c * CHUNK + tl.arange(0, CHUNK)
+                s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
+                s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)
+                cand = ((s < prev_s) | ((s == prev_s) & (b > prev_b))) & (b < nb)
+                cs = tl.max(tl.where(cand, s, float("-inf")))
+                cb = tl.min(tl.where(cand & (s == cs), b, BIG))
+                better = (cs > best_s) | ((cs == best_s) & (cb < best_b))
+                best_s = tl.where(better, cs, best_s)
+                best_b = tl.where(better, cb, best_b)
+            tl.store(o_row + t, tl.where((best_s == float("-inf")) | (best_b == BIG), -1, best_b).to(tl.int32))
+            prev_s = best_s
+            prev_b = best_b
 
 
 def _check_rows(name, page_table, row_req, row_pos, num_rows):
@@ -296,22 +348,34 @@ def msa_topk(
     rows_per_req = -(-R // max(num_reqs, 1))
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
+    # Pages per program: longer programs once the grid has >= 512 of them; 4 warps and a
+    # 2-stage pipeline measured best on the H200 (benchmarks/sweep_indexer.py).
     pages = 1
-    while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 2048:
-        pages *= 2  # fewer, longer programs once the grid is large enough
-    _block_score_kernel[(n_tiles, -(-max_pages // pages))](
-        index_q, index_k_cache, page_table, row_req, row_pos, scores,
-        float(k_scale), R,
-        index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), page_table.stride(0),
-        scores.stride(0), scores.stride(1),
-        H=H, D=D, BS=block_size, BLOCK_R=block_r, BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-        PAGES=pages, Q_FP32=index_q.dtype == torch.float32, num_warps=8 if block_size >= 128 else 4,
-    )
-    chunk = min(triton.next_power_of_2(max_pages), 2048)
+    while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 512:
+        pages *= 2
+    k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
+    if H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA):
+        _block_score_row_kernel[(R, -(-max_pages // pages))](
+            index_q, index_k_cache, page_table, row_req, row_pos, scores, float(k_scale),
+            index_q.stride(0), index_k_cache.stride(0), page_table.stride(0), scores.stride(0),
+            D=D, BS=block_size, PAGES=pages, num_warps=4, num_stages=2,
+        )
+    else:
+        _block_score_kernel[(n_tiles, -(-max_pages // pages))](
+            index_q, index_k_cache, page_table, row_req, row_pos, scores,
+            float(k_scale), R,
+            index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), page_table.stride(0),
+            scores.stride(0), scores.stride(1),
+            H=H, D=D, BS=block_size, BLOCK_R=block_r, BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
+            PAGES=pages, Q_FP32=index_q.dtype == torch.float32, K_FP8=index_k_cache.dtype == torch.float8_e4m3fn,
+            num_warps=4, num_stages=2,
+        )
+    k2 = triton.next_power_of_2(topk)
+    chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     _topk_select_kernel[(R, H)](
         scores, row_pos, out,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-        BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, NUM_CHUNKS=-(-max_pages // chunk),
-        num_warps=4,
+        BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, NUM_CHUNKS=-(-max_pages // chunk), K2=k2,
+        num_warps=max(1, min(8, chunk // 512)),
     )
     return out

@@ -79,10 +79,14 @@ def msa_attention_ref(
 # * Sparse: split ``s`` walks slots ``s, s + NS, ...`` of ``block_ids[row, group]``;
 #   dense (``block_ids=None``): blocks ``s, s + NS, ...`` up to the row's own block. Empty
 #   (-1) or future slots load nothing.
-# * Pages are dequantised in registers right after the load: FP8 widens to the compute
-#   dtype exactly (per-tensor scales folded into the softmax scale and the output); NVFP4
-#   unpacks two E2M1 codes per byte, builds their fp32 bit patterns and multiplies by the
-#   e4m3 block scale (e2m1 x e4m3 has <= 6 significant bits: exact in bf16).
+# * Pages are dequantised in registers right after the load, into fp16 (the dots then run
+#   in fp16): FP8 widens exactly (per-tensor scales folded into the softmax scale and the
+#   output); NVFP4 turns each nibble into an fp16 bit pattern with one shift and multiplies
+#   by the e4m3 block scale (e2m1 x e4m3 has <= 6 significant bits: exact in fp16). NVFP4
+#   splits every dot into even and odd head-dim halves (low / high nibbles), so the packed
+#   bytes load as one vectorised tile and never need interleaving (1.6x faster than a
+#   per-element gather on the H200; still ~1.6x slower than FP8 at batch 64: decode ALU).
+#   fp32 q (token-exact runs) keeps fp32 pages and IEEE dots throughout.
 # * Exact token-causal masking on key positions, online softmax in base 2, and with NS > 1
 #   a merge launch combining the per-split (output, log-sum-exp) pairs.
 # Grids and NS come from tensor shapes only (CUDA-graph safe, no host sync).
@@ -91,28 +95,56 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 _LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+_NVFP4_UNIT = 2.0**14  # NVFP4 pages are decoded as e2m1 * 2^-14 (see _load_page)
+_NVFP4_EVEN_ODD = True  # NVFP4 decode: even/odd split dots (True) or per-element gather (False, sweep knob)
 
 
 @triton.jit
 def _load_page(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live,
-               DIM: tl.constexpr, BS: tl.constexpr, MODE: tl.constexpr, CDT: tl.constexpr):
-    """Load ``[BS, DIM]`` keys/values of one page and dequantise to the compute dtype ``CDT``."""
+               DIM: tl.constexpr, MODE: tl.constexpr, CDT: tl.constexpr):
+    """Load ``[BS, DIM]`` keys/values of one page and dequantise to the compute dtype ``CDT``.
+
+    NVFP4 pages come back scaled by 2^-14 (the caller folds 2^14 into its scales): see below.
+    """
     base = slots[:, None].to(tl.int64) * stride_t + head * stride_h
+    e = tl.arange(0, DIM)[None, :]
     if MODE == 2:
-        # -- NVFP4: byte i = element 2i (low nibble) | element 2i+1 (high nibble) -----------
-        packed = tl.load(ptr + base + tl.arange(0, DIM // 2)[None, :], mask=live, other=0).to(tl.int32)
-        code = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BS, DIM))
-        mag = code & 7
-        # E2M1 -> fp32 bits: mag >= 2 is 2^((mag >> 1) - 1) * (1 + (mag & 1) / 2); mag 1 is 0.5
-        bits = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22)
-        bits = tl.where(mag >= 2, bits, tl.where(mag == 1, 126 << 23, 0)) | ((code & 8) << 28)
-        val = bits.to(tl.float32, bitcast=True)
-        sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh
-                     + tl.arange(0, DIM // 16)[None, :], mask=live, other=0.0).to(tl.float32)
-        val = tl.reshape(tl.reshape(val, (BS, DIM // 16, 16)) * sc[:, :, None], (BS, DIM))
-        return val.to(CDT)
+        # -- NVFP4: element e sits in byte e // 2, low nibble if e is even ----------------
+        # (each byte is loaded by two lanes; the duplicate read is served by L1)
+        packed = tl.load(ptr + base + e // 2, mask=live, other=0).to(tl.int32)
+        code = packed >> ((e & 1) * 4)
+        # E2M1 magnitude m = 2a + b placed at fp16 bit 9 gives exponent field a, mantissa b:
+        # fp16(m << 9) = e2m1(m) * 2^-14 for every m (m = 1 lands on the subnormal 2^-15),
+        # so one shift and an OR with the sign (bit 3 -> bit 15) decode a nibble.
+        bits = ((code & 7) << 9) | ((code & 8) << 12)
+        val = bits.to(tl.int16).to(tl.float16, bitcast=True)
+        # e4m3 block scale (exact in fp16); the product has <= 6 significant bits and lies
+        # in [2^-24, 0.17]: exact in fp16 (subnormals included)
+        sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + e // 16,
+                     mask=live, other=0.0).to(tl.float16)
+        return (val * sc).to(CDT)
     else:
-        return tl.load(ptr + base + tl.arange(0, DIM)[None, :], mask=live, other=0.0).to(CDT)
+        return tl.load(ptr + base + e, mask=live, other=0.0).to(CDT)
+
+
+@triton.jit
+def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live,
+                       DIM: tl.constexpr):
+    """NVFP4 page as (even elements, odd elements), each ``[BS, DIM // 2]`` fp16 x 2^-14.
+
+    Byte i holds elements 2i (low nibble) and 2i+1 (high nibble): splitting the dot into
+    even and odd halves needs no nibble interleaving, so the packed bytes load as one
+    contiguous 16-byte-vectorised tile. Element pair i shares the scale of block i // 8.
+    """
+    i = tl.arange(0, DIM // 2)[None, :]
+    packed = tl.load(ptr + slots[:, None].to(tl.int64) * stride_t + head * stride_h + i, mask=live, other=0)
+    packed = packed.to(tl.int32)
+    sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + i // 8,
+                 mask=live, other=0.0).to(tl.float16)
+    # fp16(m << 9) = e2m1(m) * 2^-14 (see _load_page); sign bit 3 -> bit 15
+    lo = (((packed & 7) << 9) | ((packed & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (((packed & 0x70) << 5) | ((packed & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo * sc, hi * sc
 
 
 @triton.jit
@@ -124,12 +156,16 @@ def _msa_attn_kernel(
     stride_os, stride_or, stride_oh, stride_ls, stride_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
     MODE: tl.constexpr, SPARSE: tl.constexpr, TOPK: tl.constexpr, NS: tl.constexpr,
-    F32: tl.constexpr,
+    F32: tl.constexpr, EO: tl.constexpr,
 ):
     r = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
-    CDT: tl.constexpr = tl.float32 if F32 else tl.bfloat16
+    # compute dtype of the dots: fp32 (IEEE) for fp32 q; fp16 for FP8 and NVFP4 pages (sm_90
+    # converts e4m3x2 -> f16x2 in one instruction but has no direct e4m3 -> bf16, and NVFP4
+    # decodes natively to fp16; bf16 q converts to fp16 exactly for |q| in [2^-14, 65504],
+    # which normed q always is); bf16 otherwise
+    CDT: tl.constexpr = tl.float32 if F32 else (tl.float16 if MODE != 0 else tl.bfloat16)
     req = tl.load(row_req_ptr + r).to(tl.int64)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
     q_blk = pos // BS
@@ -137,12 +173,18 @@ def _msa_attn_kernel(
     hg = tl.arange(0, BLOCK_G)
     heads = g * G + hg
     h_ok = hg < G
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + tl.arange(0, D)[None, :],
-                mask=h_ok[:, None], other=0.0).to(CDT)
+    q_row = q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh
+    if EO:  # NVFP4 even/odd split: q's even and odd columns, [BLOCK_G, D // 2] each
+        q_e = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
+        q_o = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :] + 1, mask=h_ok[:, None], other=0.0).to(CDT)
+        acc_e = tl.zeros((BLOCK_G, DV // 2), tl.float32)
+        acc_o = tl.zeros((BLOCK_G, DV // 2), tl.float32)
+    else:
+        q = tl.load(q_row + tl.arange(0, D)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
+        acc = tl.zeros((BLOCK_G, DV), tl.float32)
     j = tl.arange(0, BS)
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, DV), tl.float32)
     if SPARSE:
         n_iter = tl.cdiv(TOPK - split, NS)
     else:
@@ -157,11 +199,16 @@ def _msa_attn_kernel(
         page = tl.load(pt_ptr + req * stride_ptr + blk, mask=live, other=0).to(tl.int64)
         slots = page * BS + j
         # -- load + dequantise K, scores in base 2 --------------------------------------
-        k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, BS, MODE, CDT)
-        if F32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        if EO:
+            k_lo, k_hi = _load_nvfp4_halves(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh,
+                                            live, D)
+            s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
         else:
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, MODE, CDT)
+            if F32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(((blk * BS + j) <= pos)[None, :] & live, s, float("-inf"))  # token-causal
         # -- online softmax update ----------------------------------------------------------
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -169,20 +216,30 @@ def _msa_attn_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, BS, MODE, CDT)
-        if F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if EO:
+            v_lo, v_hi = _load_nvfp4_halves(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh,
+                                            live, DV)
+            acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
+            v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, MODE, CDT)
+            if F32:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
         m_i = m_new
     # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    dv = tl.arange(0, DV)
-    o_off = split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dv[None, :]
-    if NS == 1:
-        tl.store(o_ptr + o_off, (o * v_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_base = o_ptr + split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh
+    out_scale = v_scale if NS == 1 else 1.0
+    if EO:
+        dv2 = 2 * tl.arange(0, DV // 2)[None, :]
+        tl.store(o_base + dv2, (acc_e * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+        tl.store(o_base + dv2 + 1, (acc_o * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
     else:
-        tl.store(o_ptr + o_off, o, mask=h_ok[:, None])
+        o_off = tl.arange(0, DV)[None, :]
+        tl.store(o_base + o_off, (acc * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    if NS > 1:
         lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
         tl.store(lse_ptr + split * stride_ls + r.to(tl.int64) * stride_lr + heads, lse, mask=h_ok)
 
@@ -302,9 +359,11 @@ def msa_attention(
     ks = k_scales if mode == 2 else k_cache
     vs = v_scales if mode == 2 else v_cache
     bid = block_ids if block_ids is not None else row_req
+    k_mult = k_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
+    v_mult = v_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     _msa_attn_kernel[(R, hkv, ns)](
         q, k_cache, v_cache, ks, vs, page_table, row_req, row_pos, bid,
-        o_buf, lse, float(scale * (k_scale if mode else 1.0) * _LOG2E), float(v_scale if mode else 1.0),
+        o_buf, lse, float(scale * k_mult * _LOG2E), float(v_mult),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         ks.stride(0) if mode == 2 else 0, ks.stride(1) if mode == 2 else 0,
         vs.stride(0) if mode == 2 else 0, vs.stride(1) if mode == 2 else 0,
@@ -312,12 +371,12 @@ def msa_attention(
         bid.stride(0) if block_ids is not None else 0, bid.stride(1) if block_ids is not None else 0,
         *o_strides, *lse_strides,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, DV=dv, BS=block_size,
-        MODE=mode, SPARSE=block_ids is not None, TOPK=topk, NS=ns, F32=f32,
-        num_warps=8 if (mode == 2 or f32) else 4,
+        MODE=mode, SPARSE=block_ids is not None, TOPK=topk, NS=ns, F32=f32, EO=mode == 2 and _NVFP4_EVEN_ODD and not f32,
+        num_warps=8 if f32 else 4,
     )
     if ns > 1:
         _merge_kernel[(R, Hq)](
-            o_buf, lse, out, float(v_scale if mode else 1.0),
+            o_buf, lse, out, float(v_mult),
             *o_strides, *lse_strides, out.stride(0), out.stride(1), NS=ns, DV=dv, num_warps=4,
         )
     return out

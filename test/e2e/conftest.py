@@ -51,8 +51,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def server_url(tiny_vl, tmp_path_factory):
-    """``python -m sglang.launch_server`` on the tiny checkpoint; yields the OpenAI root URL."""
+    """``python -m sglang.launch_server`` on the tiny checkpoint; yields the OpenAI root URL.
+
+    The server is started detached (double fork): ``Engine.shutdown()`` in other test
+    modules kills every child process of pytest, which would take a child server with it.
+    """
     import os
+    import shlex
+    import signal
     import subprocess
     import sys
     import time
@@ -63,13 +69,21 @@ def server_url(tiny_vl, tmp_path_factory):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_vl), "--host", "127.0.0.1",
            "--port", str(port), "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
            "--max-total-tokens", "8192", "--enable-cache-report", "--sleep-on-idle", "--log-level", "warning"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    launcher = f"setsid {shlex.join(cmd)} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"
+    pid = int(subprocess.run(["sh", "-c", launcher], capture_output=True, text=True, check=True).stdout)
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
     try:
         deadline = time.time() + 240
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            if not alive():
+                raise RuntimeError(f"server exited:\n{log.read_text()[-4000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -81,8 +95,11 @@ def server_url(tiny_vl, tmp_path_factory):
             time.sleep(1)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(pid, sig)  # setsid made the server its own process group
+            except ProcessLookupError:
+                break
+            end = time.time() + wait
+            while alive() and time.time() < end:
+                time.sleep(0.5)

@@ -72,7 +72,7 @@ def load_hf(path, variant: str):
 @torch.no_grad()
 def prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log p(ids[t+1] | ids[:t+1]) for every position, ``[len(ids) - 1]``."""
-    logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu()
     return torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
 
 
@@ -81,4 +81,4 @@ def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return model.generate(torch.tensor([ids]), generation_config=cfg)[0, len(ids):].tolist()
+    return model.generate(torch.tensor([ids], device=model.device), generation_config=cfg)[0, len(ids):].tolist()

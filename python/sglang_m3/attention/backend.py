@@ -5,16 +5,16 @@ stores its K/V (and index-K on sparse layers) at the batch's slots and runs
 selection + attention over the pool's pages. Dense layers are MSA with no
 selection (plain causal attention over the same pages).
 
-This is the pure-PyTorch reference path (``sglang_m3_kernels`` ``*_ref``): it runs
-on CPU, and it is the oracle for the CUDA kernels. It reads the pool's dequantised
-view of a whole layer, which is fine for CPU-sized pools; kernels read pages in place.
+On CUDA the Triton kernels (``sglang_m3_kernels.msa_topk`` / ``msa_attention``) read
+the pool's quantised pages in place. On CPU the PyTorch references (their oracle)
+read the pool's dequantised view of the whole layer, which is fine for CPU-sized pools.
 """
 
 from __future__ import annotations
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang_m3_kernels.msa_index_topk import msa_topk_ref
-from sglang_m3_kernels.msa_sparse_attn import msa_attention_ref
+from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
+from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
 
 from ..config import M3Config
 from .metadata import MSAMetadata, plan_decode, plan_extend
@@ -55,38 +55,33 @@ class M3MSABackend(AttentionBackend):
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache, index_q, index_k)
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, index_q, index_k):
-        md, lid = self.metadata, layer.layer_id
-        T = q.shape[0]
+        lid, T = layer.layer_id, q.shape[0]
         if save_kv_cache:
             loc = forward_batch.out_cache_loc
             self.pool.set_kv_buffer(
                 layer, loc, k.view(T, layer.tp_k_head_num, layer.qk_head_dim), v.view(T, layer.tp_v_head_num, layer.v_head_dim)
             )
             if index_k is not None:
-                self.pool.set_index_k_buffer(layer, loc, index_k.view(T, 1, -1))
-        block_ids = None
-        if index_q is not None:
-            msa = self.cfg.msa
-            block_ids = msa_topk_ref(
-                index_q,
-                self.pool.read_index_k(lid),
-                md.page_table,
-                md.row_req,
-                md.row_pos,
-                block_size=msa.block_size,
-                topk=msa.topk_blocks,
-                local_blocks=msa.local_blocks,
-            )
-        k_cache, v_cache = self.pool.read_kv(lid)
-        out = msa_attention_ref(
-            q.view(T, layer.tp_q_head_num, layer.qk_head_dim),
-            k_cache,
-            v_cache,
-            md.page_table,
-            md.row_req,
-            md.row_pos,
-            block_ids,
-            block_size=self.page_size,
-            scale=layer.scaling,
-        )
+                self.pool.set_index_k_buffer(layer, loc, index_k)
+        block_ids = self._select(index_q, lid) if index_q is not None else None
+        out = self._attend(q.view(T, layer.tp_q_head_num, layer.qk_head_dim), lid, block_ids, layer.scaling)
         return out.view(T, -1)
+
+    def _select(self, index_q, lid):
+        md, msa = self.metadata, self.cfg.msa
+        args = (md.page_table, md.row_req, md.row_pos)
+        kw = dict(block_size=msa.block_size, topk=msa.topk_blocks, local_blocks=msa.local_blocks)
+        store = self.pool.index_store(lid)
+        if store.data.is_cuda:
+            return msa_topk(index_q, store.data[:, 0], *args, k_scale=store.scale, **kw)
+        return msa_topk_ref(index_q, self.pool.read_index_k(lid), *args, **kw)
+
+    def _attend(self, q, lid, block_ids, scale):
+        md = self.metadata
+        args = (md.page_table, md.row_req, md.row_pos, block_ids)
+        k, v = self.pool.kv_stores(lid)
+        if k.data.is_cuda:
+            return msa_attention(q, k.data, v.data, *args, block_size=self.page_size, scale=scale, k_scale=k.scale,
+                                 v_scale=v.scale, k_scales=k.scales, v_scales=v.scales)
+        k_cache, v_cache = self.pool.read_kv(lid)
+        return msa_attention_ref(q, k_cache, v_cache, *args, block_size=self.page_size, scale=scale)

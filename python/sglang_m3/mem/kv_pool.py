@@ -107,6 +107,14 @@ class M3KVPool(KVCache):
     def get_kv_buffer(self, layer_id: int):
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
+    def kv_stores(self, layer_id: int) -> tuple[RowStore, RowStore]:
+        """K and V stores of a layer (raw pages + scales, for the kernels)."""
+        return self.k[layer_id], self.v[layer_id]
+
+    def index_store(self, layer_id: int) -> RowStore:
+        """Index-K store ``[slots, 1, D_idx]`` of a sparse layer."""
+        return self.index_k[layer_id]
+
     def read_kv(self, layer_id: int, dtype: torch.dtype = torch.float32):
         """Dequantised K, V ``[slots, H, D]`` of a layer."""
         return self.k[layer_id].read(dtype), self.v[layer_id].read(dtype)

@@ -9,7 +9,6 @@ that method routes extend batches carrying ``idx_q`` into SGLang's own MiniMax o
 from __future__ import annotations
 
 import torch
-from sglang.srt.layers.layernorm import GemmaRMSNorm
 from sglang.srt.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
@@ -20,7 +19,7 @@ from sglang.srt.model_executor.forward_context import get_attn_backend
 from torch import nn
 
 from ..config import M3Config
-from .layers import PartialNeoxRope
+from .layers import GemmaNorm, PartialNeoxRope
 
 
 class Indexer(nn.Module):
@@ -32,8 +31,8 @@ class Indexer(nn.Module):
         self.heads, self.dim = msa.index_heads, msa.index_dim
         self.q_proj = ReplicatedLinear(cfg.hidden_size, msa.index_heads * msa.index_dim, bias=False, prefix=f"{prefix}.q_proj")
         self.k_proj = ReplicatedLinear(cfg.hidden_size, msa.index_dim, bias=False, prefix=f"{prefix}.k_proj")
-        self.q_norm = GemmaRMSNorm(msa.index_dim, eps=cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(msa.index_dim, eps=cfg.rms_norm_eps)
+        self.q_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
         self.rope = rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -52,8 +51,8 @@ class M3Attention(nn.Module):
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=False, prefix=f"{prefix}.qkv_proj"
         )
         self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=False, prefix=f"{prefix}.o_proj")
-        self.q_norm = GemmaRMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
+        self.q_norm = GemmaNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = GemmaNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.rope = PartialNeoxRope(cfg.rotary_dim, cfg.rope_theta)
         self.indexer = Indexer(cfg, self.rope, prefix=f"{prefix}.indexer") if cfg.sparse_layers[layer_id] else None
         self.attn = RadixAttention(

@@ -13,7 +13,6 @@ import logging
 from typing import Iterable
 
 import torch
-from sglang.srt.layers.layernorm import GemmaRMSNorm
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import (
     ParallelLMHead,
@@ -24,6 +23,7 @@ from torch import nn
 
 from ..config import M3Config
 from .attention import M3Attention
+from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
 from .weights import map_name
 
@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 class M3DecoderLayer(nn.Module):
     def __init__(self, cfg: M3Config, layer_id: int, prefix: str):
         super().__init__()
-        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = M3Attention(cfg, layer_id, prefix=f"{prefix}.self_attn")
-        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = (
             MoE(cfg, prefix=f"{prefix}.mlp")
             if cfg.moe_layers[layer_id]
@@ -54,7 +54,7 @@ class M3Model(nn.Module):
         self.layers = nn.ModuleList(
             M3DecoderLayer(cfg, i, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
         )
-        self.norm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, capture_layers=()):
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [T, H]

@@ -1,0 +1,53 @@
+"""The plugin on a GPU: sglang.Engine on CUDA runs the Triton MSA kernels and the Triton KV store.
+
+fp32 model and KV, so the kernels use IEEE fp32 dots: prompt log-probs must match
+transformers (run on the same GPU) to 1e-3 and greedy output token for token; the
+quantised layouts must run and stay within the CPU-measured bounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang as sgl
+import torch
+
+from .conftest import prompts_from
+from .hf_reference import greedy, load_hf, prompt_logprobs
+from .parity_helpers import NEW_TOKENS, engine_greedy, engine_logprobs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+GPU_ARGS = dict(device="cuda", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192,
+                mem_fraction_static=0.5)
+
+
+@pytest.fixture(scope="module")
+def results(tiny_vl, corpus_ids):
+    prompts = prompts_from(corpus_ids)
+    out = {}
+    for kv_dtype in ("auto", "fp8_e4m3", "nvfp4"):
+        engine = sgl.Engine(model_path=str(tiny_vl), kv_cache_dtype=kv_dtype, **GPU_ARGS)
+        try:
+            out[kv_dtype] = ([engine_logprobs(engine, p) for p in prompts], engine_greedy(engine, prompts))
+        finally:
+            engine.shutdown()
+    return prompts, out
+
+
+def test_cuda_engine_matches_transformers(results, tiny_vl):
+    prompts, out = results
+    model = load_hf(tiny_vl, "vl")[0].cuda()
+    lps, outs = out["auto"]
+    for ids, lp, got in zip(prompts, lps, outs):
+        ref = prompt_logprobs(model, ids)
+        print(f"{len(ids)} tokens: max |dlogprob| {(lp - ref).abs().max().item():.2e}")
+        torch.testing.assert_close(lp, ref, atol=1e-3, rtol=0)
+        assert got == greedy(model, ids, NEW_TOKENS)
+
+
+def test_cuda_quantised_layouts_run_within_bounds(results):
+    _, out = results
+    ref = torch.cat(out["auto"][0])
+    for kv_dtype, bound in (("fp8_e4m3", 0.4), ("nvfp4", 0.5)):
+        err = (torch.cat(out[kv_dtype][0]) - ref).abs().mean().item()
+        print(f"{kv_dtype}: mean |dlogprob| {err:.3f}")
+        assert 0 < err < bound
