@@ -32,6 +32,12 @@ def hf_vl(tiny_vl):
     return model, info
 
 
+def test_engine_runs_through_the_plugin(vl_engine):
+    info = vl_engine.get_server_info()
+    assert info["attention_backend"] == "m3_msa"
+    assert info["page_size"] == 16  # the checkpoint's index block size, no --page-size given
+
+
 def test_checkpoint_loads_unchanged_in_transformers(hf_vl):
     _, info = hf_vl
     assert not info["missing_keys"] and not info["unexpected_keys"], info
