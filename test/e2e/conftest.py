@@ -15,6 +15,16 @@ ENGINE_ARGS = dict(device="cpu", dtype="float32", disable_cuda_graph=True, log_l
                    sleep_on_idle=True)
 
 
+@pytest.fixture(scope="package", autouse=True)
+def _no_triton_interpreter():
+    """test/kernel/conftest.py turns on Triton's CPU interpreter when collected; SGLang processes
+    started here must not inherit it (it would run SGLang's own Triton kernels on CPU and hide
+    a missing CPU path)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_vl():
     return default_checkpoint("m3-tiny", "vl")

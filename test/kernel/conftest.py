@@ -2,22 +2,16 @@
 
 * Makes ``kernel/`` importable as ``sglang_m3_kernels`` when the package is not installed
   (a plain checkout), by loading it through importlib under that name.
-* Without CUDA, switches Triton to its CPU interpreter (``TRITON_INTERPRET=1``) before the
-  kernels are imported, so the small interpreter tests can run the Triton code on CPU.
+* Triton's CPU interpreter is switched on by test/conftest.py (before Triton is imported).
   GPU parity tests carry ``@pytest.mark.gpu`` and are skipped there by test/conftest.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 import sys
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if importlib.util.find_spec("sglang_m3_kernels") is None:
     _root = pathlib.Path(__file__).resolve().parents[2] / "kernel"

@@ -1,0 +1,310 @@
+"""Time our MSA kernels against upstream SGLang 0.5.17's M3 Triton kernels on one GPU.
+
+Shape: the per-GPU slice of MiniMax-M3 under TP4 -- 16 query heads, 1 KV head, 1 index
+head, head_dim 128, block (= page) 128, top-16, local 1 block. For every dtype (bf16 /
+fp8 / nvfp4), batch and context it times, each as a CUDA-graph replay with the L2 flushed
+by a 256 MB write before every replay (events bracket the replay only):
+
+* ``indexer``   -- block scores + top-k selection (ours: ``msa_topk``; upstream:
+  ``flash_decode_with_topk_idx`` with ``disable_index_value``),
+* ``attention`` -- sparse attention over the selected pages (ours: ``msa_attention``;
+  upstream: ``flash_decode_with_gqa_share_sparse``),
+* ``decode``    -- both, one row per request,
+* ``verify``    -- both, 1 + 3 rows per request at consecutive positions (ours); upstream's
+  target-verify path is its extend path (``minimax_sparse_prefill``), timed the same way
+  where it captures, else eagerly (noted in the record).
+
+Layouts: bf16 = bf16 KV + bf16 index-K; fp8 = fp8 KV + fp8 index-K; nvfp4 = NVFP4 KV +
+fp8 index-K (the hybrid pool's sparse layers). Upstream has no NVFP4 KV on Hopper.
+HBM floor = bytes that must move / 4.3 TB/s (measured device copy rate, DESIGN section 9):
+index-K of every context token once, the top-k pages of K and V per request, q and out.
+
+Usage (GPU host; upstream on PYTHONPATH, see build-runtime.sh)::
+
+    python3 scripts/bench_kernels.py --out benchmarks [--quick]
+
+Writes ``<out>/kernels.json`` (records) and ``<out>/kernels.md`` (table, command, date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import sys
+import traceback
+
+import torch
+
+HBM_BPS = 4.3e12  # measured H200 device-to-device copy, bytes read + written per second
+HQ, HKV, D, BLOCK, TOPK, LOCAL = 16, 1, 128, 128, 16, 1
+SCALE = D**-0.5
+KV_BYTES = {"bf16": 2 * D * 2, "fp8": 2 * D, "nvfp4": 2 * (D // 2 + D // 16)}  # K+V per token, 1 head
+IDX_BYTES = {"bf16": 2 * D, "fp8": D, "nvfp4": D}  # nvfp4 pools keep an fp8 index-K
+
+
+def _kernels():
+    try:
+        import sglang_m3_kernels as _  # noqa: F401
+    except ImportError:  # plain checkout: load kernel/ under the package name
+        import importlib.util
+
+        root = pathlib.Path(__file__).resolve().parents[1] / "kernel"
+        spec = importlib.util.spec_from_file_location("sglang_m3_kernels", root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["sglang_m3_kernels"] = mod
+        spec.loader.exec_module(mod)
+    from sglang_m3_kernels import kv_quant, msa_index_topk, msa_sparse_attn
+
+    return kv_quant, msa_index_topk.msa_topk, msa_sparse_attn.msa_attention
+
+
+def _upstream():
+    try:
+        from sglang.kernels.ops.attention.minimax_sparse.decode.flash_with_topk_idx import flash_decode_with_topk_idx
+        from sglang.kernels.ops.attention.minimax_sparse.decode.topk_sparse import flash_decode_with_gqa_share_sparse
+        from sglang.srt.layers.attention.minimax_sparse_ops.minimax_sparse import minimax_sparse_prefill
+    except Exception as err:  # noqa: BLE001
+        print(f"upstream kernels unavailable: {err!r}")
+        return None
+    return flash_decode_with_topk_idx, flash_decode_with_gqa_share_sparse, minimax_sparse_prefill
+
+
+class Problem:
+    """One (dtype, batch, context) input set: shuffled pages, caches, rows for decode and verify."""
+
+    def __init__(self, kvq, dtype, batch, ctx, seed=0):
+        dev = "cuda"
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.dtype, self.batch, self.ctx = dtype, batch, ctx
+        pages = -(-ctx // BLOCK)
+        num_pages = batch * pages + 1
+        perm = torch.randperm(num_pages, device=dev, generator=g)
+        self.page_table = perm[: batch * pages].view(batch, pages).to(torch.int32)
+        slots = num_pages * BLOCK
+        ik = torch.randn(slots, D, device=dev, generator=g, dtype=torch.bfloat16)
+        self.idx_k = ik if dtype == "bf16" else kvq.fp8_quantize_ref(ik, 1.0)
+        del ik
+        self.kv = {}
+        for name in ("k", "v"):
+            x = torch.randn(slots, HKV, D, device=dev, generator=g, dtype=torch.bfloat16)
+            if dtype == "bf16":
+                self.kv[name] = (x, None)
+            elif dtype == "fp8":
+                self.kv[name] = (kvq.fp8_quantize_ref(x, 1.0), None)
+            else:
+                data = torch.empty(slots, HKV, D // 2, dtype=torch.uint8, device=dev)
+                sc = torch.empty(slots, HKV, D // 16, dtype=torch.float8_e4m3fn, device=dev)
+                for lo in range(0, slots, 1 << 22):  # chunks keep the fp32 temporaries small
+                    hi = min(slots, lo + (1 << 22))
+                    kvq.kv_store(x[lo:hi], torch.arange(lo, hi, device=dev), data, scales=sc)
+                self.kv[name] = (data, sc)
+            del x
+        self.rows = {}
+        for mode, n in (("decode", 1), ("verify", 4)):
+            req = torch.arange(batch, device=dev).repeat_interleave(n)
+            pos = (ctx - n + torch.arange(n, device=dev)).repeat(batch)
+            iq = torch.randn(batch * n, HKV, D, device=dev, generator=g, dtype=torch.bfloat16)
+            q = torch.randn(batch * n, HQ, D, device=dev, generator=g, dtype=torch.bfloat16)
+            self.rows[mode] = (req, pos, iq, q)
+        # upstream view: req_to_token [batch, ctx] slot ids of every token
+        tok = torch.arange(pages * BLOCK, device=dev)
+        self.req_to_token = (self.page_table.long()[:, tok // BLOCK] * BLOCK + tok % BLOCK)[:, :ctx].to(torch.int32)
+        self.seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        self.slot_ids = torch.arange(batch, device=dev)
+
+    def floor_us(self, kernel, rows_per_req):
+        idx = self.batch * self.ctx * IDX_BYTES[self.dtype]
+        sel = min(TOPK, -(-self.ctx // BLOCK)) * BLOCK * KV_BYTES[self.dtype] * self.batch
+        qo = self.batch * rows_per_req * HQ * D * 2 * 2 + self.batch * rows_per_req * HKV * D * 2
+        total = {"indexer": idx, "attention": sel, "decode": idx + sel, "verify": idx + sel}[kernel] + qo
+        return total / HBM_BPS * 1e6
+
+
+def time_graph(fn, iters, flush):
+    """Median microseconds of CUDA-graph replays of ``fn``, L2 flushed before each replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # compile / warm up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _time(graph.replay, iters, flush)
+
+
+def _time(run, iters, flush):
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        flush.add_(1)  # 256 MB read + write evicts the 60 MB L2
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def bench_case(p, ours, up, iters, flush):
+    kvq, msa_topk, msa_attention = ours
+    ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
+    recs = []
+
+    def rec(kernel, rows_per_req, ours_us, up_us, note=""):
+        floor = p.floor_us(kernel, rows_per_req)
+        recs.append(dict(kernel=kernel, dtype=p.dtype, batch=p.batch, context=p.ctx, ours_us=round(ours_us, 2),
+                         upstream_us=None if up_us is None else round(up_us, 2), floor_us=round(floor, 2),
+                         ours_over_floor=round(ours_us / floor, 2),
+                         speedup_vs_upstream=None if up_us is None else round(up_us / ours_us, 2), note=note))
+        print(f"{kernel:9s} {p.dtype:5s} b={p.batch:<3d} ctx={p.ctx:<7d} ours {ours_us:8.1f} us  "
+              f"upstream {'-' if up_us is None else f'{up_us:8.1f}'} us  floor {floor:7.1f} us  {note}", flush=True)
+
+    for mode in ("decode", "verify"):
+        req, pos, iq, q = p.rows[mode]
+
+        def indexer():
+            return msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
+
+        ids = indexer()
+
+        def attention():
+            return msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK,
+                                 scale=SCALE, **ks)
+
+        def full():
+            sel = indexer()
+            return msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK,
+                                 scale=SCALE, **ks)
+
+        t_full = time_graph(full, iters, flush)
+        up_full = note = None
+        if up is not None and p.dtype != "nvfp4":
+            try:
+                up_full, note = _upstream_full(up, p, mode, iters, flush)
+            except Exception as err:  # noqa: BLE001
+                note = f"upstream failed: {type(err).__name__}: {str(err)[:80]}"
+                traceback.print_exc()
+        rec(mode, 1 if mode == "decode" else 4, t_full, up_full, note or "")
+        if mode == "decode":
+            t_idx, t_att = time_graph(indexer, iters, flush), time_graph(attention, iters, flush)
+            up_idx = up_att = None
+            if up is not None and p.dtype != "nvfp4":
+                try:
+                    up_idx = time_graph(lambda: _up_indexer(up, p, iq), iters, flush)
+                    up_ids = ids.permute(1, 0, 2).contiguous()
+                    up_att = time_graph(lambda: _up_attention(up, p, q, up_ids), iters, flush)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+            rec("indexer", 1, t_idx, up_idx)
+            rec("attention", 1, t_att, up_att)
+    return recs
+
+
+def _up_indexer(up, p, iq):
+    _, topk_idx, _ = up[0](q=iq, sink=None, k_cache=p.idx_k.unsqueeze(1), v_cache=None, req_to_token=p.req_to_token,
+                           seq_lens=p.seq_lens, max_seqlen=p.ctx, slot_ids=p.slot_ids, block_size=BLOCK, topk=TOPK,
+                           init_blocks=0, local_blocks=LOCAL, disable_index_value=True, page_size=BLOCK,
+                           k_scale=None if p.dtype == "bf16" else 1.0)
+    return topk_idx
+
+
+def _up_attention(up, p, q, topk_idx):
+    scales = {} if p.dtype == "bf16" else dict(k_scale=1.0, v_scale=1.0)
+    return up[1](q, None, p.kv["k"][0], p.kv["v"][0], p.req_to_token, p.seq_lens, p.slot_ids, BLOCK, topk_idx,
+                 sm_scale=SCALE, **scales)
+
+
+def _upstream_full(up, p, mode, iters, flush):
+    req, pos, iq, q = p.rows[mode]
+    if mode == "decode":
+        try:
+            return time_graph(lambda: _up_attention(up, p, q, _up_indexer(up, p, iq)), iters, flush), ""
+        except Exception as err:  # noqa: BLE001  (JIT radix top-k needs nvcc + tvm_ffi at run time)
+            if os.environ.get("SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX") == "0":
+                raise
+            print(f"upstream JIT radix top-k failed ({err!r}); using its Triton top-k from now on")
+            os.environ["SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX"] = "0"
+            torch.cuda.synchronize()
+            return time_graph(lambda: _up_attention(up, p, q, _up_indexer(up, p, iq)), iters, flush), "upstream Triton top-k"
+    n = 4
+    cu = torch.arange(0, p.batch * n + 1, n, dtype=torch.int32, device="cuda")
+    prefix = p.seq_lens - n
+    scales = {} if p.dtype == "bf16" else dict(k_scale=1.0, v_scale=1.0, idx_k_scale=1.0)
+
+    def run():
+        return up[2](q, p.kv["k"][0], p.kv["v"][0], None, iq, p.idx_k.unsqueeze(1), None, None, p.req_to_token,
+                     p.slot_ids, cu, p.seq_lens, prefix, n, p.ctx, 1, BLOCK, TOPK, 0, LOCAL,
+                     disable_index_value=True, seqlens_cpu=[n] * p.batch, **scales)
+
+    try:
+        return time_graph(run, iters, flush), "upstream: extend path"
+    except Exception as err:  # noqa: BLE001
+        torch.cuda.synchronize()
+        return _time(run, iters, flush), f"upstream: extend path, eager ({type(err).__name__} under capture)"
+
+
+def write_outputs(records, out_dir, argv):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = {k: i for i, k in enumerate(("bf16", "fp8", "nvfp4", "decode", "verify", "indexer", "attention"))}
+    records = sorted(records, key=lambda r: (order[r["dtype"]], r["batch"], r["context"], order[r["kernel"]]))
+    (out_dir / "kernels.json").write_text(json.dumps(records, indent=1))
+    lines = [
+        "# MSA kernel benchmark (H200, TP4 per-GPU shape)", "",
+        f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
+        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}.", "",
+        f"Command: `python3 {' '.join(argv)}`", "",
+        "16 q heads, 1 KV head, 1 index head, head_dim 128, block 128, top-16. CUDA-graph replay, "
+        "L2 flushed before each replay, median. floor = bytes that must move / 4.3 TB/s. "
+        "upstream = SGLang 0.5.17 Triton kernels (no NVFP4 KV on Hopper).", "",
+        "| kernel | dtype | batch | context | ours us | upstream us | floor us | ours/floor | upstream/ours | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in records:
+        up = "-" if r["upstream_us"] is None else r["upstream_us"]
+        sp = "-" if r["speedup_vs_upstream"] is None else r["speedup_vs_upstream"]
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['context']} | {r['ours_us']} | {up} | "
+                     f"{r['floor_us']} | {r['ours_over_floor']} | {sp} | {r['note']} |")
+    (out_dir / "kernels.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks")
+    ap.add_argument("--dtypes", default="bf16,fp8,nvfp4")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--contexts", default="8192,32768,131072,524288")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--max-gib", type=float, default=60.0, help="skip cases whose caches exceed this")
+    ap.add_argument("--no-upstream", action="store_true")
+    args = ap.parse_args()
+    ours = _kernels()
+    up = None if args.no_upstream else _upstream()
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    records = []
+    cases = [(ctx, dtype, batch) for ctx in map(int, args.contexts.split(",")) for dtype in args.dtypes.split(",")
+             for batch in map(int, args.batches.split(","))]  # longest contexts last: a timeout cuts those
+    for ctx, dtype, batch in cases:
+        gib = batch * ctx * (IDX_BYTES[dtype] + KV_BYTES[dtype] + (2 * D * 2)) / 2**30  # + bf16 temp
+        if gib > args.max_gib:
+            print(f"skip {dtype} b={batch} ctx={ctx}: {gib:.0f} GiB")
+            continue
+        p = Problem(ours[0], dtype, batch, ctx)
+        records += bench_case(p, ours, up, args.iters, flush)
+        del p
+        torch.cuda.empty_cache()
+        for out in (args.out, os.environ.get("OUT")):  # $OUT: the device tool's return folder
+            if out:
+                write_outputs(records, pathlib.Path(out), sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Triton ``kv_store`` writes the same bytes as the references (layout equivalence, exact).
+
+Runs natively on a GPU and under the Triton CPU interpreter elsewhere (conftest sets
+``TRITON_INTERPRET=1`` without CUDA), so the packing is checked in CI too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_m3_kernels import kv_quant as kq
+
+def _kernels_runnable() -> bool:
+    """A GPU, or kernels built in Triton interpreter mode (see conftest.py). A whole-suite CPU
+    run that imported the kernels before test/kernel/conftest.py set TRITON_INTERPRET built
+    them for a GPU: then skip, and run ``pytest test/kernel`` on its own."""
+    return torch.cuda.is_available() or type(kq._kv_store_kernel).__name__ == "InterpretedFunction"
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not _kernels_runnable(), reason="kernels built without GPU or interpreter")
+
+
+def _inputs(heads: int, dim: int, slots: int = 48):
+    g = torch.Generator().manual_seed(heads * 1000 + dim)
+    x = torch.randn(9, heads, dim, generator=g) * 3
+    x[0] = 0
+    x[1] *= 1e4
+    x[2] *= 1e-6
+    loc = torch.randperm(slots, generator=g)[:9]
+    loc[4] = -1  # padded token: must not be written
+    return x.to(torch.bfloat16).to(DEV), loc.to(DEV)
+
+
+@pytest.mark.parametrize("heads,dim", [(1, 128), (4, 128), (2, 64)])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_kv_store_matches_reference(fmt, heads, dim):
+    x, loc = _inputs(heads, dim)
+    keep = loc >= 0
+    slots = 48
+    if fmt == "bf16":
+        cache = torch.zeros(slots, heads, dim, dtype=torch.bfloat16, device=DEV)
+        kq.kv_store(x, loc, cache)
+        assert torch.equal(cache[loc[keep]], x[keep])
+    elif fmt == "fp8":
+        cache = torch.zeros(slots, heads, dim, dtype=torch.float8_e4m3fn, device=DEV)
+        kq.kv_store(x, loc, cache, scale=0.37)
+        want = kq.fp8_quantize_ref(x[keep], 0.37)
+        assert torch.equal(cache[loc[keep]].view(torch.uint8), want.view(torch.uint8))
+    else:
+        cache = torch.zeros(slots, heads, dim // 2, dtype=torch.uint8, device=DEV)
+        scales = torch.zeros(slots, heads, dim // 16, dtype=torch.float8_e4m3fn, device=DEV)
+        kq.kv_store(x, loc, cache, scale=0.5, scales=scales)
+        data, sc = kq.nvfp4_quantize_ref(x[keep], 0.5)
+        assert torch.equal(cache[loc[keep]], data)
+        assert torch.equal(scales[loc[keep]].view(torch.uint8), sc.view(torch.uint8))
+    # untouched slots stay zero (nothing written at -1 or elsewhere)
+    untouched = torch.ones(slots, dtype=torch.bool, device=DEV)
+    untouched[loc[keep]] = False
+    assert not cache[untouched].view(torch.uint8).any()
+
+
+def test_kv_store_index_k_2d():
+    x, loc = _inputs(1, 128)
+    x, keep = x[:, 0], loc >= 0
+    cache = torch.zeros(48, 128, dtype=torch.float8_e4m3fn, device=DEV)
+    kq.kv_store(x, loc, cache, scale=2.0)
+    assert torch.equal(cache[loc[keep]].view(torch.uint8), kq.fp8_quantize_ref(x[keep], 2.0).view(torch.uint8))
+
+
+def test_kv_store_rejects_bad_layout():
+    x, loc = _inputs(2, 128)
+    with pytest.raises(ValueError, match="64"):
+        kq.kv_store(x, loc, torch.zeros(48, 2, 128, dtype=torch.uint8, device=DEV),
+                    scales=torch.zeros(48, 2, 8, dtype=torch.float8_e4m3fn, device=DEV))
+    with pytest.raises(ValueError, match="scales"):
+        kq.kv_store(x, loc, torch.zeros(48, 2, 64, dtype=torch.uint8, device=DEV))

@@ -1,0 +1,190 @@
+"""GPU parity of the Triton MSA kernels against the PyTorch references.
+
+Fresh random inputs per test; page tables are a random permutation of physical pages;
+decode, verify (1 + 3 rows straddling a block boundary) and prefill rows in one batch.
+
+Tolerances (attention output vs ``msa_attention_ref`` in fp32 on the *dequantised* cache):
+
+| q / KV dtype           | atol  | rtol  | why                                                        |
+| ---------------------- | ----- | ----- | ---------------------------------------------------------- |
+| fp32 / fp32            | 1e-4  | 1e-4  | IEEE fp32 dots; only summation order differs               |
+| bf16 / bf16            | 2e-2  | 2e-2  | P is rounded to bf16 for the PV tensor-core dot (2^-8 rel) |
+| bf16 / fp8 e4m3        | 2e-2  | 2e-2  | pages widen exactly to fp16; P rounded to fp16 (2^-11)     |
+| bf16 / nvfp4           | 2e-2  | 2e-2  | e2m1 x e4m3 exact in fp16; P rounded to fp16 (2^-11)       |
+
+Selection (``msa_topk``) uses fp32 index_q so scores are exact up to summation order: the
+chosen ids must equal the reference's as sets per (row, head) (sorted ids compared).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_m3_kernels import kv_quant as kq
+from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
+from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
+
+pytestmark = pytest.mark.gpu
+TOL = {"fp32": (1e-4, 1e-4), "bf16": (2e-2, 2e-2), "fp8": (2e-2, 2e-2), "nvfp4": (2e-2, 2e-2)}
+DEV = "cuda"
+
+
+def make_batch(lens, block, *, verify=(), prefill=(), spare_pages=7, seed=0):
+    """Random paged batch. ``lens[i]`` = KV length of request i (its rows end at lens - 1).
+
+    Request i gets one decode row, or 4 verify rows if i in ``verify`` (positions
+    lens-4..lens-1), or one row per token if i in ``prefill``. Returns page_table (shuffled
+    physical pages), row_req, row_pos, num_slots.
+    """
+    g = torch.Generator().manual_seed(seed)
+    max_pages = max(-(-n // block) for n in lens) + 2
+    num_pages = len(lens) * max_pages + spare_pages
+    perm = torch.randperm(num_pages, generator=g)
+    page_table = perm[: len(lens) * max_pages].view(len(lens), max_pages).to(torch.int32)
+    rows_req, rows_pos = [], []
+    for i, n in enumerate(lens):
+        pos = range(n) if i in prefill else range(n - 4, n) if i in verify else [n - 1]
+        rows_req += [i] * len(pos)
+        rows_pos += list(pos)
+    as_dev = lambda x: torch.tensor(x, device=DEV)  # noqa: E731
+    return page_table.to(DEV), as_dev(rows_req), as_dev(rows_pos), num_pages * block
+
+
+def make_cache(kind, slots, heads, dim, g):
+    """(kernel cache args, dequantised fp32 view) for one of bf16/fp8/nvfp4/fp32."""
+    x = torch.randn(slots, heads, dim, device=DEV, generator=g)
+    if kind in ("bf16", "fp32"):
+        c = x.to(torch.bfloat16 if kind == "bf16" else torch.float32)
+        return (c, 1.0, None), c.float()
+    if kind == "fp8":
+        c = kq.fp8_quantize_ref(x, 0.5)
+        return (c, 0.5, None), kq.fp8_dequantize_ref(c, 0.5)
+    data, scales = kq.nvfp4_quantize_ref(x, 0.25)
+    return (data, 0.25, scales), kq.nvfp4_dequantize_ref(data, scales, 0.25)
+
+
+CASES = {
+    # name: (lens, block, topk, kv_heads, group, verify, prefill)
+    "tp4_decode_verify": ([300, 2100, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (1, 3, 4), ()),
+    "small_prefill": ([40, 150, 97, 16, 260], 16, 4, 2, 4, (1,), (2, 4)),
+    "tp4_decode_only": ([300, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (), ()),  # single-row score path
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kdtype", ["fp32", "bf16", "fp8"])
+def test_topk_matches_reference(case, kdtype):
+    lens, block, topk, hkv, _, verify, prefill = CASES[case]
+    g = torch.Generator(device=DEV).manual_seed(hash((case, kdtype)) % 2**31)
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=len(kdtype))
+    iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g)
+    ik = torch.randn(slots, 128, device=DEV, generator=g)
+    if kdtype == "fp8":
+        cache, ks = kq.fp8_quantize_ref(ik, 0.5), 0.5  # power-of-two scale: dequant is exact
+        view = kq.fp8_dequantize_ref(cache, ks)
+    else:
+        cache, ks = ik.to(torch.bfloat16 if kdtype == "bf16" else torch.float32), 1.0
+        view = cache.float()
+    got = msa_topk(iq, cache, pt, rr, rp, block_size=block, topk=topk, local_blocks=1, k_scale=ks)
+    ref = msa_topk_ref(iq, view, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
+    assert got.shape == ref.shape and got.dtype == torch.int32
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+    assert (got == ref).float().mean() > 0.99  # same (score desc, block asc) order too
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_attention_matches_reference(case, kind, sparse):
+    lens, block, topk, hkv, group, verify, prefill = CASES[case]
+    g = torch.Generator(device=DEV).manual_seed(hash((case, kind, sparse)) % 2**31)
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=3)
+    num_rows = len(rr)
+    q = torch.randn(num_rows, hkv * group, 128, device=DEV, generator=g)
+    q = q if kind == "fp32" else q.to(torch.bfloat16)
+    (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
+    (vc, vs, vsc), vview = make_cache(kind, slots, hkv, 128, g)
+    block_ids = None
+    if sparse:
+        iq = torch.randn(num_rows, hkv, 128, device=DEV, generator=g)
+        ik = torch.randn(slots, 128, device=DEV, generator=g)
+        block_ids = msa_topk_ref(iq, ik, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
+        block_ids[::3, :, 1] = -1  # holes in the middle of a selection
+    out = torch.full((num_rows, hkv * group, 128), float("nan"), dtype=q.dtype, device=DEV)  # poison
+    got = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=block, scale=128**-0.5,
+                        k_scale=ks, v_scale=vs, k_scales=ksc, v_scales=vsc, out=out)
+    ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=block, scale=128**-0.5)
+    atol, rtol = TOL[kind]
+    torch.testing.assert_close(got.float(), ref, atol=atol, rtol=rtol)
+
+
+def test_store_then_attend_nvfp4_equals_dequantised_pool():
+    """kv_store into an NVFP4 pool, attend, vs the same kernel on a bf16 pool of dequantised pages."""
+    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=5)
+    g = torch.Generator(device=DEV).manual_seed(5)
+    k = torch.randn(slots, hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+    v = torch.randn(slots, hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+    loc = torch.randperm(slots, device=DEV)
+    kc = torch.zeros(slots, hkv, 64, dtype=torch.uint8, device=DEV)
+    vc = torch.zeros_like(kc)
+    ksc = torch.zeros(slots, hkv, 8, dtype=torch.float8_e4m3fn, device=DEV)
+    vsc = torch.zeros_like(ksc)
+    kq.kv_store(k[loc], loc, kc, scale=1.0, scales=ksc)
+    kq.kv_store(v[loc], loc, vc, scale=1.0, scales=vsc)
+    kview = kq.nvfp4_dequantize_ref(kc, ksc, 1.0, torch.bfloat16)  # exact in bf16
+    vview = kq.nvfp4_dequantize_ref(vc, vsc, 1.0, torch.bfloat16)
+    q = torch.randn(len(rr), hkv * group, 128, device=DEV, generator=g).to(torch.bfloat16)
+    bids = msa_topk_ref(torch.randn(len(rr), hkv, 128, device=DEV, generator=g), k[:, 0].float(), pt, rr, rp,
+                        block_size=block, topk=topk, local_blocks=1)
+    a = msa_attention(q, kc, vc, pt, rr, rp, bids, block_size=block, scale=0.088, k_scales=ksc, v_scales=vsc)
+    b = msa_attention(q, kview, vview, pt, rr, rp, bids, block_size=block, scale=0.088)
+    # same K/V values (exact in both bf16 and fp16); the NVFP4 launch runs its dots in fp16 and
+    # the bf16 one in bf16, so only the rounding of P differs: allow one bf16 ulp at |x| < 1
+    torch.testing.assert_close(a.float(), b.float(), atol=2.0**-8, rtol=0)
+
+
+def test_cuda_graph_replay_matches_eager():
+    """Capture topk + attention once, then replay on new positions / page tables / data."""
+    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=7)
+    g = torch.Generator(device=DEV).manual_seed(7)
+    iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+    ik = torch.randn(slots, 128, device=DEV, generator=g).to(torch.bfloat16)
+    q = torch.randn(len(rr), hkv * group, 128, device=DEV, generator=g).to(torch.bfloat16)
+    kc = torch.randn(slots, hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+    vc = torch.randn(slots, hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+
+    def step():
+        ids = msa_topk(iq, ik, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
+        return ids, msa_attention(q, kc, vc, pt, rr, rp, ids, block_size=block, scale=0.088)
+
+    step()  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids_g, out_g = step()
+    for trial in range(2):
+        pt.copy_(pt[:, torch.randperm(pt.shape[1], device=DEV)])
+        rp.sub_(trial * 3 + 1)  # shorter contexts: the graph must not bake lengths in
+        iq.normal_()
+        q.normal_()
+        graph.replay()
+        ids_e, out_e = step()
+        assert torch.equal(ids_g, ids_e)
+        assert torch.equal(out_g, out_e)
+
+
+def test_bad_inputs_raise_value_error():
+    q = torch.randn(2, 16, 128, device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(256, 1, 128, device=DEV, dtype=torch.bfloat16)
+    pt = torch.zeros(2, 2, dtype=torch.int32, device=DEV)
+    rows = torch.zeros(2, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="block_ids"):
+        msa_attention(q, kc, kc, pt, rows, rows, torch.zeros(2, 2, 4, device=DEV, dtype=torch.int32),
+                      block_size=128, scale=1.0)
+    with pytest.raises(ValueError, match="NVFP4"):
+        msa_attention(q, kc.view(torch.uint8)[..., :64], kc.view(torch.uint8)[..., :64], pt, rows, rows, None,
+                      block_size=128, scale=1.0)
+    with pytest.raises(ValueError, match="slots, 128"):
+        msa_topk(q[:, :1], kc[:, 0, :64], pt, rows, rows, block_size=128, topk=16, local_blocks=1)

@@ -1,0 +1,113 @@
+"""The Triton MSA kernels on tiny inputs, runnable on CPU through the Triton interpreter.
+
+conftest.py sets ``TRITON_INTERPRET=1`` when there is no CUDA, so CI exercises the kernel
+code (indexing, masking, NVFP4 decode, top-k order) without a GPU; on a GPU the same tests
+run natively. The interpreter has no bf16 matmul, so these use fp32 and fp16 dots only
+(fp32 q; bf16 q with FP8/NVFP4 pages, which compute in fp16).
+
+| case                      | atol / rtol | why                                             |
+| ------------------------- | ----------- | ----------------------------------------------- |
+| fp32 q, fp32 pages        | 1e-5        | IEEE fp32; summation order only                 |
+| bf16 q, FP8 / NVFP4 pages | 2e-2        | P rounded to fp16 for the PV dot (2^-11 rel)    |
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_m3_kernels import kv_quant as kq
+from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
+from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
+
+def _kernels_runnable() -> bool:
+    """A GPU, or kernels built in Triton interpreter mode (see conftest.py). A whole-suite CPU
+    run that imported the kernels before test/kernel/conftest.py set TRITON_INTERPRET built
+    them for a GPU: then skip, and run ``pytest test/kernel`` on its own."""
+    return torch.cuda.is_available() or type(kq._kv_store_kernel).__name__ == "InterpretedFunction"
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not _kernels_runnable(), reason="kernels built without GPU or interpreter")
+BS, TOPK, HKV, G, D = 16, 4, 2, 4, 32
+
+
+def _batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    pt = torch.randperm(64, generator=g)[:48].view(4, 12).int()
+    # decode (req 0), verify over a block boundary (req 1), prefill slice (req 2), short (req 3)
+    rr = torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3])
+    rp = torch.tensor([19, 94, 95, 96, 97, 0, 15, 16, 50, 96, 15])
+    return g, pt.to(DEV), rr.to(DEV), rp.to(DEV)
+
+
+def test_topk_order_with_ties():
+    g, pt, rr, rp = _batch(1)
+    iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
+    ik = torch.randn(64 * BS, D, generator=g)
+    ik[torch.rand(64 * BS, generator=g) < 0.5] = 0  # many equal (zero) block maxima: ties
+    ik = ik.to(DEV)
+    got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2)
+    ref = msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2)
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_topk_single_row_fma_path(monkeypatch, fp8):
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    monkeypatch.setattr(mt, "_SCORE_ROW_FMA", True)  # FP8 caches take this path anyway
+    g, pt, rr, rp = _batch(3)
+    rr, rp = rr[[0, 1, 10]], rp[[0, 1, 10]]  # one row per request: decode
+    iq = torch.randn(3, 1, D, generator=g).to(DEV)
+    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
+    cache = kq.fp8_quantize_ref(ik, 0.5) if fp8 else ik
+    view = kq.fp8_dequantize_ref(cache, 0.5) if fp8 else ik
+    got = msa_topk(iq, cache, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, k_scale=0.5 if fp8 else 1.0)
+    assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
+
+
+@pytest.mark.parametrize("kind", ["fp32", "fp8", "nvfp4"])
+def test_attention_small(kind):
+    g, pt, rr, rp = _batch(2)
+    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
+    bids = msa_topk_ref(torch.randn(len(rr), HKV, D, generator=g).to(DEV), k[:, 0], pt, rr, rp,
+                        block_size=BS, topk=TOPK, local_blocks=1)
+    bids[::2, :, 1] = -1
+    kw, tol = {}, 1e-5
+    if kind == "fp8":
+        kc, vc = kq.fp8_quantize_ref(k, 0.5), kq.fp8_quantize_ref(v, 0.25)
+        kw, tol = dict(k_scale=0.5, v_scale=0.25), 2e-2
+        k, v, q = kq.fp8_dequantize_ref(kc, 0.5), kq.fp8_dequantize_ref(vc, 0.25), q.to(torch.bfloat16)
+    elif kind == "nvfp4":
+        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
+        kw, tol = dict(k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc), 2e-2
+        k, v, q = kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0), q.to(torch.bfloat16)
+    else:
+        kc, vc = k, v
+    for block_ids in (bids, None) if kind == "fp32" else (bids,):  # dense once: the interpreter is slow
+        out = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5, **kw)
+        ref = msa_attention_ref(q.float(), k, v, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_chunks", [1, 4])
+def test_select_kernel_chunked_matches_reference(num_chunks):
+    """The select stage alone, also in its streaming form (rows longer than one sort)."""
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    g = torch.Generator().manual_seed(4)
+    rows, blocks = 6, 64
+    scores = torch.randn(rows, 1, blocks, generator=g).round(decimals=1)  # rounding makes ties
+    pos = torch.tensor([0, 15, 100, 511, 1023, 700]) * (blocks * BS // 1024)
+    out = torch.empty(rows, 1, TOPK, dtype=torch.int32)
+    chunk = blocks // num_chunks
+    args = (scores.to(DEV), pos.to(DEV), out.to(DEV))
+    mt._topk_select_kernel[(rows, 1)](*args, scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
+                                      BS=BS, TOPK=TOPK, LOCAL=1, CHUNK=chunk, NUM_CHUNKS=num_chunks, K2=TOPK)
+    for r in range(rows):
+        nb = int(pos[r]) // BS + 1
+        want = mt._select(scores[r : r + 1, :, :nb], pos[r : r + 1], block_size=BS, topk=TOPK, local_blocks=1)
+        assert torch.equal(args[2][r].cpu(), want[0]), r
