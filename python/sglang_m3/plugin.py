@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import logging
 
+from .config import M3_ARCHITECTURES, M3Config, is_m3_config
+
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "m3_msa"
@@ -56,7 +58,6 @@ def register() -> None:
         add_attention_backend_choices,
     )
 
-    from .config import M3_ARCHITECTURES
     from .model.minimax_m3 import EntryClass
     from .server_args import m3_server_overrides
 
@@ -91,7 +92,6 @@ def register() -> None:
 
 def _check_registered(registry) -> None:
     """Fail loudly if another plugin took the M3 names: SGLang would silently fall back."""
-    from .config import M3_ARCHITECTURES
     from .model.minimax_m3 import MiniMaxM3ForCausalLM
 
     for arch in M3_ARCHITECTURES:
@@ -104,12 +104,6 @@ def _create_backend(runner):
     from .attention.backend import M3MSABackend
 
     return M3MSABackend(runner)
-
-
-def _is_m3(hf_config) -> bool:
-    from .config import is_m3_config
-
-    return is_m3_config(hf_config)
 
 
 def _keep_m3_backend(original, runner, full_attn_backend):
@@ -127,9 +121,8 @@ def _build_kv_pool(self, *, max_total_num_tokens: int):
 
 
 def _cell_size(original, self, kvc, num_layers: int) -> int:
-    if not _is_m3(kvc.model_config.hf_config):
+    if not is_m3_config(kvc.model_config.hf_config):
         return original(self, kvc, num_layers)
-    from .config import M3Config
     from .mem.layout import bytes_per_token, layout_for
 
     layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
@@ -169,7 +162,7 @@ def _support_triton(original, backend):
 
 
 def _kv4_check(original, self):
-    if _is_m3(self.get_model_config().hf_config):
+    if is_m3_config(self.get_model_config().hf_config):
         return None
     return original(self)
 
@@ -182,7 +175,7 @@ _MULTIMODAL_FLAGS = (
 
 
 def _text_only(result, self, *args, **kwargs):
-    if not _is_m3(self.hf_config):
+    if not is_m3_config(self.hf_config):
         return
     if kwargs.get("enable_multimodal"):
         raise ValueError("--enable-multimodal: sglang-m3 serves MiniMax-M3 text-only (vision weights are skipped)")
