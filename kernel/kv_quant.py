@@ -137,10 +137,20 @@ def _e4m3_round(x):
 
 @triton.jit
 def _kv_store_kernel(
-    x_ptr, loc_ptr, cache_ptr, scales_ptr,
+    x_ptr,
+    loc_ptr,
+    cache_ptr,
+    scales_ptr,
     scale,  # fp8: per-tensor scale; nvfp4: global scale
-    H, stride_xt, stride_xh, stride_ct, stride_ch, stride_st, stride_sh,
-    D: tl.constexpr, MODE: tl.constexpr,  # 0 plain copy, 1 fp8, 2 nvfp4
+    H,
+    stride_xt,
+    stride_xh,
+    stride_ct,
+    stride_ch,
+    stride_st,
+    stride_sh,
+    D: tl.constexpr,
+    MODE: tl.constexpr,  # 0 plain copy, 1 fp8, 2 nvfp4
 ):
     """One program per (token, head): quantise one D-row and store it at slot ``loc[t]``."""
     t = tl.program_id(0)
@@ -234,14 +244,27 @@ def kv_store(
         return
     s_args = (scales, scales.stride(0), scales.stride(1)) if mode == 2 else (cache, 0, 0)
     _kv_store_kernel[(T, H)](
-        x, loc, cache, s_args[0], float(scale), H,
-        x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), s_args[1], s_args[2],
-        D=D, MODE=mode, num_warps=1 if D <= 128 else 2,
+        x,
+        loc,
+        cache,
+        s_args[0],
+        float(scale),
+        H,
+        x.stride(0),
+        x.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        s_args[1],
+        s_args[2],
+        D=D,
+        MODE=mode,
+        num_warps=1 if D <= 128 else 2,
     )
 
 
-def dequantize_cache(cache: torch.Tensor, *, scale: float = 1.0, scales: torch.Tensor | None = None,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_cache(
+    cache: torch.Tensor, *, scale: float = 1.0, scales: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Dequantised view of a whole cache in any layout (what the references read)."""
     if cache.dtype == torch.uint8:
         return nvfp4_dequantize_ref(cache, scales, scale, dtype)

@@ -161,11 +161,27 @@ _SCORE_ROW_FMA = False
 
 @triton.jit
 def _block_score_kernel(
-    q_ptr, k_ptr, pt_ptr, row_req_ptr, row_pos_ptr, score_ptr,
-    k_scale, R,
-    stride_qr, stride_qh, stride_kt, stride_ptr, stride_sr, stride_sh,
-    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr, Q_FP32: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pt_ptr,
+    row_req_ptr,
+    row_pos_ptr,
+    score_ptr,
+    k_scale,
+    R,
+    stride_qr,
+    stride_qh,
+    stride_kt,
+    stride_ptr,
+    stride_sr,
+    stride_sh,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PAGES: tl.constexpr,
+    Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -178,8 +194,11 @@ def _block_score_kernel(
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     # dot dtype: fp32 (IEEE) for fp32 q; fp16 for an FP8 cache (sm_90 widens e4m3x2 ->
     # f16x2 in one instruction, but has no direct e4m3 -> bf16; normed q converts to fp16
     # exactly); bf16 for a bf16 cache
@@ -212,9 +231,20 @@ def _block_score_kernel(
 
 @triton.jit
 def _block_score_row_kernel(
-    q_ptr, k_ptr, pt_ptr, row_req_ptr, row_pos_ptr, score_ptr, k_scale,
-    stride_qr, stride_kt, stride_ptr, stride_sr,
-    D: tl.constexpr, BS: tl.constexpr, PAGES: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pt_ptr,
+    row_req_ptr,
+    row_pos_ptr,
+    score_ptr,
+    k_scale,
+    stride_qr,
+    stride_kt,
+    stride_ptr,
+    stride_sr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    PAGES: tl.constexpr,
 ):
     """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
     r = tl.program_id(0)
@@ -237,10 +267,19 @@ def _block_score_row_kernel(
 
 @triton.jit
 def _topk_select_kernel(
-    score_ptr, row_pos_ptr, out_ptr,
-    stride_sr, stride_sh, stride_or, stride_oh,
-    BS: tl.constexpr, TOPK: tl.constexpr, LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, K2: tl.constexpr,
+    score_ptr,
+    row_pos_ptr,
+    out_ptr,
+    stride_sr,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    BS: tl.constexpr,
+    TOPK: tl.constexpr,
+    LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    K2: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -293,8 +332,9 @@ def _check_rows(name, page_table, row_req, row_pos, num_rows):
     if page_table.dim() != 2:
         raise ValueError(f"page_table must be [num_reqs, max_pages], got {tuple(page_table.shape)}")
     if row_req.shape != (num_rows,) or row_pos.shape != (num_rows,):
-        raise ValueError(f"{name}: row_req and row_pos must be [{num_rows}], got "
-                         f"{tuple(row_req.shape)} and {tuple(row_pos.shape)}")
+        raise ValueError(
+            f"{name}: row_req and row_pos must be [{num_rows}], got {tuple(row_req.shape)} and {tuple(row_pos.shape)}"
+        )
 
 
 def msa_topk(
@@ -356,26 +396,66 @@ def msa_topk(
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
     if H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA):
         _block_score_row_kernel[(R, -(-max_pages // pages))](
-            index_q, index_k_cache, page_table, row_req, row_pos, scores, float(k_scale),
-            index_q.stride(0), index_k_cache.stride(0), page_table.stride(0), scores.stride(0),
-            D=D, BS=block_size, PAGES=pages, num_warps=4, num_stages=2,
+            index_q,
+            index_k_cache,
+            page_table,
+            row_req,
+            row_pos,
+            scores,
+            float(k_scale),
+            index_q.stride(0),
+            index_k_cache.stride(0),
+            page_table.stride(0),
+            scores.stride(0),
+            D=D,
+            BS=block_size,
+            PAGES=pages,
+            num_warps=4,
+            num_stages=2,
         )
     else:
         _block_score_kernel[(n_tiles, -(-max_pages // pages))](
-            index_q, index_k_cache, page_table, row_req, row_pos, scores,
-            float(k_scale), R,
-            index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), page_table.stride(0),
-            scores.stride(0), scores.stride(1),
-            H=H, D=D, BS=block_size, BLOCK_R=block_r, BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-            PAGES=pages, Q_FP32=index_q.dtype == torch.float32, K_FP8=index_k_cache.dtype == torch.float8_e4m3fn,
-            num_warps=4, num_stages=2,
+            index_q,
+            index_k_cache,
+            page_table,
+            row_req,
+            row_pos,
+            scores,
+            float(k_scale),
+            R,
+            index_q.stride(0),
+            index_q.stride(1),
+            index_k_cache.stride(0),
+            page_table.stride(0),
+            scores.stride(0),
+            scores.stride(1),
+            H=H,
+            D=D,
+            BS=block_size,
+            BLOCK_R=block_r,
+            BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
+            PAGES=pages,
+            Q_FP32=index_q.dtype == torch.float32,
+            K_FP8=index_k_cache.dtype == torch.float8_e4m3fn,
+            num_warps=4,
+            num_stages=2,
         )
     k2 = triton.next_power_of_2(topk)
     chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     _topk_select_kernel[(R, H)](
-        scores, row_pos, out,
-        scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-        BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, NUM_CHUNKS=-(-max_pages // chunk), K2=k2,
+        scores,
+        row_pos,
+        out,
+        scores.stride(0),
+        scores.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BS=block_size,
+        TOPK=topk,
+        LOCAL=local_blocks,
+        CHUNK=chunk,
+        NUM_CHUNKS=-(-max_pages // chunk),
+        K2=k2,
         num_warps=max(1, min(8, chunk // 512)),
     )
     return out

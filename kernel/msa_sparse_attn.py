@@ -100,8 +100,20 @@ _NVFP4_EVEN_ODD = True  # NVFP4 decode: even/odd split dots (True) or per-elemen
 
 
 @triton.jit
-def _load_page(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live,
-               DIM: tl.constexpr, MODE: tl.constexpr, CDT: tl.constexpr):
+def _load_page(
+    ptr,
+    sc_ptr,
+    slots,
+    head,
+    stride_t,
+    stride_h,
+    stride_st,
+    stride_sh,
+    live,
+    DIM: tl.constexpr,
+    MODE: tl.constexpr,
+    CDT: tl.constexpr,
+):
     """Load ``[BS, DIM]`` keys/values of one page and dequantise to the compute dtype ``CDT``.
 
     NVFP4 pages come back scaled by 2^-14 (the caller folds 2^14 into its scales): see below.
@@ -120,16 +132,16 @@ def _load_page(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_s
         val = bits.to(tl.int16).to(tl.float16, bitcast=True)
         # e4m3 block scale (exact in fp16); the product has <= 6 significant bits and lies
         # in [2^-24, 0.17]: exact in fp16 (subnormals included)
-        sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + e // 16,
-                     mask=live, other=0.0).to(tl.float16)
+        sc = tl.load(
+            sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + e // 16, mask=live, other=0.0
+        ).to(tl.float16)
         return (val * sc).to(CDT)
     else:
         return tl.load(ptr + base + e, mask=live, other=0.0).to(CDT)
 
 
 @triton.jit
-def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live,
-                       DIM: tl.constexpr):
+def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live, DIM: tl.constexpr):
     """NVFP4 page as (even elements, odd elements), each ``[BS, DIM // 2]`` fp16 x 2^-14.
 
     Byte i holds elements 2i (low nibble) and 2i+1 (high nibble): splitting the dot into
@@ -139,8 +151,9 @@ def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, 
     i = tl.arange(0, DIM // 2)[None, :]
     packed = tl.load(ptr + slots[:, None].to(tl.int64) * stride_t + head * stride_h + i, mask=live, other=0)
     packed = packed.to(tl.int32)
-    sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + i // 8,
-                 mask=live, other=0.0).to(tl.float16)
+    sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + i // 8, mask=live, other=0.0).to(
+        tl.float16
+    )
     # fp16(m << 9) = e2m1(m) * 2^-14 (see _load_page); sign bit 3 -> bit 15
     lo = (((packed & 7) << 9) | ((packed & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
     hi = (((packed & 0x70) << 5) | ((packed & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
@@ -149,14 +162,48 @@ def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, 
 
 @triton.jit
 def _msa_attn_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, row_req_ptr, row_pos_ptr, bid_ptr,
-    o_ptr, lse_ptr, qk_scale, v_scale,
-    stride_qr, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kst, stride_ksh, stride_vst, stride_vsh, stride_ptr, stride_br, stride_bh,
-    stride_os, stride_or, stride_oh, stride_ls, stride_lr,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
-    MODE: tl.constexpr, SPARSE: tl.constexpr, TOPK: tl.constexpr, NS: tl.constexpr,
-    F32: tl.constexpr, EO: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    pt_ptr,
+    row_req_ptr,
+    row_pos_ptr,
+    bid_ptr,
+    o_ptr,
+    lse_ptr,
+    qk_scale,
+    v_scale,
+    stride_qr,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kst,
+    stride_ksh,
+    stride_vst,
+    stride_vsh,
+    stride_ptr,
+    stride_br,
+    stride_bh,
+    stride_os,
+    stride_or,
+    stride_oh,
+    stride_ls,
+    stride_lr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BS: tl.constexpr,
+    MODE: tl.constexpr,
+    SPARSE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NS: tl.constexpr,
+    F32: tl.constexpr,
+    EO: tl.constexpr,
 ):
     r = tl.program_id(0)
     g = tl.program_id(1)
@@ -200,8 +247,9 @@ def _msa_attn_kernel(
         slots = page * BS + j
         # -- load + dequantise K, scores in base 2 --------------------------------------
         if EO:
-            k_lo, k_hi = _load_nvfp4_halves(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh,
-                                            live, D)
+            k_lo, k_hi = _load_nvfp4_halves(
+                k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D
+            )
             s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
         else:
             k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, MODE, CDT)
@@ -217,8 +265,9 @@ def _msa_attn_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if EO:
-            v_lo, v_hi = _load_nvfp4_halves(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh,
-                                            live, DV)
+            v_lo, v_hi = _load_nvfp4_halves(
+                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV
+            )
             acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
             acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
         else:
@@ -245,20 +294,35 @@ def _msa_attn_kernel(
 
 
 @triton.jit
-def _merge_kernel(o_part_ptr, lse_ptr, out_ptr, v_scale,
-                  stride_os, stride_or, stride_oh, stride_ls, stride_lr, stride_r, stride_h,
-                  NS: tl.constexpr, DV: tl.constexpr):
+def _merge_kernel(
+    o_part_ptr,
+    lse_ptr,
+    out_ptr,
+    v_scale,
+    stride_os,
+    stride_or,
+    stride_oh,
+    stride_ls,
+    stride_lr,
+    stride_r,
+    stride_h,
+    NS: tl.constexpr,
+    DV: tl.constexpr,
+):
     r = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, NS)
     lse = tl.load(lse_ptr + sp * stride_ls + r.to(tl.int64) * stride_lr + h)  # [NS], base 2
     mx = tl.max(lse)
     w = tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)))
-    o = tl.load(o_part_ptr + sp[:, None] * stride_os + r.to(tl.int64) * stride_or + h * stride_oh
-                + tl.arange(0, DV)[None, :])
+    o = tl.load(
+        o_part_ptr + sp[:, None] * stride_os + r.to(tl.int64) * stride_or + h * stride_oh + tl.arange(0, DV)[None, :]
+    )
     o = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w), 1e-30)
-    tl.store(out_ptr + r.to(tl.int64) * stride_r + h * stride_h + tl.arange(0, DV),
-             (o * v_scale).to(out_ptr.dtype.element_ty))
+    tl.store(
+        out_ptr + r.to(tl.int64) * stride_r + h * stride_h + tl.arange(0, DV),
+        (o * v_scale).to(out_ptr.dtype.element_ty),
+    )
 
 
 def _kv_mode(k_cache, v_cache, k_scales, v_scales, q):
@@ -272,8 +336,10 @@ def _kv_mode(k_cache, v_cache, k_scales, v_scales, q):
         for name, sc, data in (("k_scales", k_scales, k_cache), ("v_scales", v_scales, v_cache)):
             want = (data.shape[0], data.shape[1], data.shape[2] * 2 // 16)
             if sc is None or sc.dtype != torch.float8_e4m3fn or tuple(sc.shape) != want or sc.stride(2) != 1:
-                raise ValueError(f"NVFP4 needs {name} {list(want)} float8_e4m3fn, got "
-                                 f"{None if sc is None else (tuple(sc.shape), sc.dtype)}")
+                raise ValueError(
+                    f"NVFP4 needs {name} {list(want)} float8_e4m3fn, got "
+                    f"{None if sc is None else (tuple(sc.shape), sc.dtype)}"
+                )
         return 2
     if k_cache.shape[2] != q.shape[2]:
         raise ValueError(f"k_cache head dim must be {q.shape[2]}, got {k_cache.shape[2]}")
@@ -362,22 +428,60 @@ def msa_attention(
     k_mult = k_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     v_mult = v_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     _msa_attn_kernel[(R, hkv, ns)](
-        q, k_cache, v_cache, ks, vs, page_table, row_req, row_pos, bid,
-        o_buf, lse, float(scale * k_mult * _LOG2E), float(v_mult),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        ks.stride(0) if mode == 2 else 0, ks.stride(1) if mode == 2 else 0,
-        vs.stride(0) if mode == 2 else 0, vs.stride(1) if mode == 2 else 0,
+        q,
+        k_cache,
+        v_cache,
+        ks,
+        vs,
+        page_table,
+        row_req,
+        row_pos,
+        bid,
+        o_buf,
+        lse,
+        float(scale * k_mult * _LOG2E),
+        float(v_mult),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        ks.stride(0) if mode == 2 else 0,
+        ks.stride(1) if mode == 2 else 0,
+        vs.stride(0) if mode == 2 else 0,
+        vs.stride(1) if mode == 2 else 0,
         page_table.stride(0),
-        bid.stride(0) if block_ids is not None else 0, bid.stride(1) if block_ids is not None else 0,
-        *o_strides, *lse_strides,
-        G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, DV=dv, BS=block_size,
-        MODE=mode, SPARSE=block_ids is not None, TOPK=topk, NS=ns, F32=f32, EO=mode == 2 and _NVFP4_EVEN_ODD and not f32,
+        bid.stride(0) if block_ids is not None else 0,
+        bid.stride(1) if block_ids is not None else 0,
+        *o_strides,
+        *lse_strides,
+        G=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        D=D,
+        DV=dv,
+        BS=block_size,
+        MODE=mode,
+        SPARSE=block_ids is not None,
+        TOPK=topk,
+        NS=ns,
+        F32=f32,
+        EO=mode == 2 and _NVFP4_EVEN_ODD and not f32,
         num_warps=8 if f32 else 4,
     )
     if ns > 1:
         _merge_kernel[(R, Hq)](
-            o_buf, lse, out, float(v_mult),
-            *o_strides, *lse_strides, out.stride(0), out.stride(1), NS=ns, DV=dv, num_warps=4,
+            o_buf,
+            lse,
+            out,
+            float(v_mult),
+            *o_strides,
+            *lse_strides,
+            out.stride(0),
+            out.stride(1),
+            NS=ns,
+            DV=dv,
+            num_warps=4,
         )
     return out
 
@@ -386,4 +490,6 @@ def _check_page_args(page_table, row_req, row_pos, num_rows):
     if page_table.dim() != 2:
         raise ValueError(f"page_table must be [num_reqs, max_pages], got {tuple(page_table.shape)}")
     if row_req.shape != (num_rows,) or row_pos.shape != (num_rows,):
-        raise ValueError(f"row_req and row_pos must be [{num_rows}], got {tuple(row_req.shape)} and {tuple(row_pos.shape)}")
+        raise ValueError(
+            f"row_req and row_pos must be [{num_rows}], got {tuple(row_req.shape)} and {tuple(row_pos.shape)}"
+        )

@@ -53,8 +53,9 @@ def _kernels():
         import importlib.util
 
         root = pathlib.Path(__file__).resolve().parents[1] / "kernel"
-        spec = importlib.util.spec_from_file_location("sglang_m3_kernels", root / "__init__.py",
-                                                      submodule_search_locations=[str(root)])
+        spec = importlib.util.spec_from_file_location(
+            "sglang_m3_kernels", root / "__init__.py", submodule_search_locations=[str(root)]
+        )
         mod = importlib.util.module_from_spec(spec)
         sys.modules["sglang_m3_kernels"] = mod
         spec.loader.exec_module(mod)
@@ -161,12 +162,25 @@ def bench_case(p, ours, up, iters, flush):
 
     def rec(kernel, rows_per_req, ours_us, up_us, note=""):
         floor = p.floor_us(kernel, rows_per_req)
-        recs.append(dict(kernel=kernel, dtype=p.dtype, batch=p.batch, context=p.ctx, ours_us=round(ours_us, 2),
-                         upstream_us=None if up_us is None else round(up_us, 2), floor_us=round(floor, 2),
-                         ours_over_floor=round(ours_us / floor, 2),
-                         speedup_vs_upstream=None if up_us is None else round(up_us / ours_us, 2), note=note))
-        print(f"{kernel:9s} {p.dtype:5s} b={p.batch:<3d} ctx={p.ctx:<7d} ours {ours_us:8.1f} us  "
-              f"upstream {'-' if up_us is None else f'{up_us:8.1f}'} us  floor {floor:7.1f} us  {note}", flush=True)
+        recs.append(
+            dict(
+                kernel=kernel,
+                dtype=p.dtype,
+                batch=p.batch,
+                context=p.ctx,
+                ours_us=round(ours_us, 2),
+                upstream_us=None if up_us is None else round(up_us, 2),
+                floor_us=round(floor, 2),
+                ours_over_floor=round(ours_us / floor, 2),
+                speedup_vs_upstream=None if up_us is None else round(up_us / ours_us, 2),
+                note=note,
+            )
+        )
+        print(
+            f"{kernel:9s} {p.dtype:5s} b={p.batch:<3d} ctx={p.ctx:<7d} ours {ours_us:8.1f} us  "
+            f"upstream {'-' if up_us is None else f'{up_us:8.1f}'} us  floor {floor:7.1f} us  {note}",
+            flush=True,
+        )
 
     for mode in ("decode", "verify"):
         req, pos, iq, q = p.rows[mode]
@@ -177,13 +191,15 @@ def bench_case(p, ours, up, iters, flush):
         ids = indexer()
 
         def attention():
-            return msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK,
-                                 scale=SCALE, **ks)
+            return msa_attention(
+                q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
+            )
 
         def full():
             sel = indexer()
-            return msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK,
-                                 scale=SCALE, **ks)
+            return msa_attention(
+                q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK, scale=SCALE, **ks
+            )
 
         t_full = time_graph(full, iters, flush)
         up_full = note = None
@@ -210,17 +226,41 @@ def bench_case(p, ours, up, iters, flush):
 
 
 def _up_indexer(up, p, iq):
-    _, topk_idx, _ = up[0](q=iq, sink=None, k_cache=p.idx_k.unsqueeze(1), v_cache=None, req_to_token=p.req_to_token,
-                           seq_lens=p.seq_lens, max_seqlen=p.ctx, slot_ids=p.slot_ids, block_size=BLOCK, topk=TOPK,
-                           init_blocks=0, local_blocks=LOCAL, disable_index_value=True, page_size=BLOCK,
-                           k_scale=None if p.dtype == "bf16" else 1.0)
+    _, topk_idx, _ = up[0](
+        q=iq,
+        sink=None,
+        k_cache=p.idx_k.unsqueeze(1),
+        v_cache=None,
+        req_to_token=p.req_to_token,
+        seq_lens=p.seq_lens,
+        max_seqlen=p.ctx,
+        slot_ids=p.slot_ids,
+        block_size=BLOCK,
+        topk=TOPK,
+        init_blocks=0,
+        local_blocks=LOCAL,
+        disable_index_value=True,
+        page_size=BLOCK,
+        k_scale=None if p.dtype == "bf16" else 1.0,
+    )
     return topk_idx
 
 
 def _up_attention(up, p, q, topk_idx):
     scales = {} if p.dtype == "bf16" else dict(k_scale=1.0, v_scale=1.0)
-    return up[1](q, None, p.kv["k"][0], p.kv["v"][0], p.req_to_token, p.seq_lens, p.slot_ids, BLOCK, topk_idx,
-                 sm_scale=SCALE, **scales)
+    return up[1](
+        q,
+        None,
+        p.kv["k"][0],
+        p.kv["v"][0],
+        p.req_to_token,
+        p.seq_lens,
+        p.slot_ids,
+        BLOCK,
+        topk_idx,
+        sm_scale=SCALE,
+        **scales,
+    )
 
 
 def _upstream_full(up, p, mode, iters, flush):
@@ -234,16 +274,40 @@ def _upstream_full(up, p, mode, iters, flush):
             print(f"upstream JIT radix top-k failed ({err!r}); using its Triton top-k from now on")
             os.environ["SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX"] = "0"
             torch.cuda.synchronize()
-            return time_graph(lambda: _up_attention(up, p, q, _up_indexer(up, p, iq)), iters, flush), "upstream Triton top-k"
+            return time_graph(
+                lambda: _up_attention(up, p, q, _up_indexer(up, p, iq)), iters, flush
+            ), "upstream Triton top-k"
     n = 4
     cu = torch.arange(0, p.batch * n + 1, n, dtype=torch.int32, device="cuda")
     prefix = p.seq_lens - n
     scales = {} if p.dtype == "bf16" else dict(k_scale=1.0, v_scale=1.0, idx_k_scale=1.0)
 
     def run():
-        return up[2](q, p.kv["k"][0], p.kv["v"][0], None, iq, p.idx_k.unsqueeze(1), None, None, p.req_to_token,
-                     p.slot_ids, cu, p.seq_lens, prefix, n, p.ctx, 1, BLOCK, TOPK, 0, LOCAL,
-                     disable_index_value=True, seqlens_cpu=[n] * p.batch, **scales)
+        return up[2](
+            q,
+            p.kv["k"][0],
+            p.kv["v"][0],
+            None,
+            iq,
+            p.idx_k.unsqueeze(1),
+            None,
+            None,
+            p.req_to_token,
+            p.slot_ids,
+            cu,
+            p.seq_lens,
+            prefix,
+            n,
+            p.ctx,
+            1,
+            BLOCK,
+            TOPK,
+            0,
+            LOCAL,
+            disable_index_value=True,
+            seqlens_cpu=[n] * p.batch,
+            **scales,
+        )
 
     try:
         return time_graph(run, iters, flush), "upstream: extend path"
@@ -258,21 +322,27 @@ def write_outputs(records, out_dir, argv):
     records = sorted(records, key=lambda r: (order[r["dtype"]], r["batch"], r["context"], order[r["kernel"]]))
     (out_dir / "kernels.json").write_text(json.dumps(records, indent=1))
     lines = [
-        "# MSA kernel benchmark (H200, TP4 per-GPU shape)", "",
+        "# MSA kernel benchmark (H200, TP4 per-GPU shape)",
+        "",
         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
-        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}.", "",
-        f"Command: `python3 {' '.join(argv)}`", "",
+        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}.",
+        "",
+        f"Command: `python3 {' '.join(argv)}`",
+        "",
         "16 q heads, 1 KV head, 1 index head, head_dim 128, block 128, top-16. CUDA-graph replay, "
         "L2 flushed before each replay, median. floor = bytes that must move / 4.3 TB/s. "
-        "upstream = SGLang 0.5.17 Triton kernels (no NVFP4 KV on Hopper).", "",
+        "upstream = SGLang 0.5.17 Triton kernels (no NVFP4 KV on Hopper).",
+        "",
         "| kernel | dtype | batch | context | ours us | upstream us | floor us | ours/floor | upstream/ours | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
         up = "-" if r["upstream_us"] is None else r["upstream_us"]
         sp = "-" if r["speedup_vs_upstream"] is None else r["speedup_vs_upstream"]
-        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['context']} | {r['ours_us']} | {up} | "
-                     f"{r['floor_us']} | {r['ours_over_floor']} | {sp} | {r['note']} |")
+        lines.append(
+            f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['context']} | {r['ours_us']} | {up} | "
+            f"{r['floor_us']} | {r['ours_over_floor']} | {sp} | {r['note']} |"
+        )
     (out_dir / "kernels.md").write_text("\n".join(lines) + "\n")
 
 
@@ -290,8 +360,12 @@ def main():
     up = None if args.no_upstream else _upstream()
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     records = []
-    cases = [(ctx, dtype, batch) for ctx in map(int, args.contexts.split(",")) for dtype in args.dtypes.split(",")
-             for batch in map(int, args.batches.split(","))]  # longest contexts last: a timeout cuts those
+    cases = [
+        (ctx, dtype, batch)
+        for ctx in map(int, args.contexts.split(","))
+        for dtype in args.dtypes.split(",")
+        for batch in map(int, args.batches.split(","))
+    ]  # longest contexts last: a timeout cuts those
     for ctx, dtype, batch in cases:
         gib = batch * ctx * (IDX_BYTES[dtype] + KV_BYTES[dtype] + (2 * D * 2)) / 2**30  # + bf16 temp
         if gib > args.max_gib:

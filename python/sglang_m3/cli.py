@@ -28,8 +28,14 @@ def demo(args) -> int:
     path = default_checkpoint(args.name, args.variant)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"checkpoint: {path}\ndevice: {device}")
-    engine = sgl.Engine(model_path=str(path), device=device, dtype="float32", disable_cuda_graph=True,
-                        log_level="warning", max_total_tokens=8192)
+    engine = sgl.Engine(
+        model_path=str(path),
+        device=device,
+        dtype="float32",
+        disable_cuda_graph=True,
+        log_level="warning",
+        max_total_tokens=8192,
+    )
     try:
         start = time.perf_counter()
         outs = engine.generate(PROMPTS, {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True})
@@ -49,8 +55,9 @@ def demo(args) -> int:
 def main(argv=None) -> int:
     from .tiny.configs import TINY_CONFIGS
 
-    parser = argparse.ArgumentParser(prog="sglang-m3", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="sglang-m3", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="serve the embedded tiny M3 through sglang.Engine")
     d.add_argument("--max-new-tokens", type=int, default=32)

@@ -198,7 +198,9 @@ def _rope_theta(d: Mapping[str, Any]) -> float:
         return d["rope_theta"]
     params = d.get("rope_parameters") or {}
     if params.get("rope_type", "default") != "default":
-        raise M3ConfigError(f"unsupported rope_parameters.rope_type={params.get('rope_type')!r}; supported: ['default']")
+        raise M3ConfigError(
+            f"unsupported rope_parameters.rope_type={params.get('rope_type')!r}; supported: ['default']"
+        )
     if params.get("rope_theta") is None:
         raise M3ConfigError("MiniMax-M3 config is missing required field 'rope_theta'")
     return params["rope_theta"]
@@ -234,9 +236,7 @@ def _parse_layers_and_msa(d: Mapping[str, Any], num_layers: int):
             raise M3ConfigError(f"unsupported sparse_attention_config.sparse_score_type={score!r}; supported: ['max']")
         init_block = _req(sparse_cfg, "sparse_init_block")
         if init_block != 0:
-            raise M3ConfigError(
-                f"unsupported sparse_attention_config.sparse_init_block={init_block!r}; supported: [0]"
-            )
+            raise M3ConfigError(f"unsupported sparse_attention_config.sparse_init_block={init_block!r}; supported: [0]")
         sparse_layers = _per_layer(
             _req(sparse_cfg, "sparse_attention_freq"), num_layers, "sparse_attention_freq", {0: False, 1: True}
         )

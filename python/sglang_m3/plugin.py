@@ -70,12 +70,26 @@ def register() -> None:
 
     hooks = [
         ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper", _keep_m3_backend, HookType.AROUND),
-        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_minimax_sparse_kv_pool",
-         _build_kv_pool, HookType.REPLACE),
-        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
-         _cell_size, HookType.AROUND),
-        ("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend", _alloc_extend, HookType.AROUND),
-        ("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode", _alloc_decode, HookType.AROUND),
+        (
+            "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_minimax_sparse_kv_pool",
+            _build_kv_pool,
+            HookType.REPLACE,
+        ),
+        (
+            "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+            _cell_size,
+            HookType.AROUND,
+        ),
+        (
+            "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend",
+            _alloc_extend,
+            HookType.AROUND,
+        ),
+        (
+            "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode",
+            _alloc_decode,
+            HookType.AROUND,
+        ),
         ("sglang.srt.mem_cache.allocation.get_last_loc", _get_last_loc, HookType.AROUND),
         ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
         ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
@@ -168,8 +182,12 @@ def _kv4_check(original, self):
 
 
 _MULTIMODAL_FLAGS = (
-    "is_multimodal", "is_audio_model", "is_image_understandable_model", "is_audio_understandable_model",
-    "is_multimodal_chunked_prefill_supported", "is_multimodal_piecewise_cuda_graph_supported",
+    "is_multimodal",
+    "is_audio_model",
+    "is_image_understandable_model",
+    "is_audio_understandable_model",
+    "is_multimodal_chunked_prefill_supported",
+    "is_multimodal_piecewise_cuda_graph_supported",
     "is_multimodal_breakable_cuda_graph_supported",
 )
 

@@ -11,8 +11,9 @@ from sglang_m3.tiny import default_checkpoint
 
 # fp32 model and KV: token-exact comparisons need it (DESIGN section 5).
 # sleep_on_idle: an idle scheduler must not spin on one of CI's two cores while references compute.
-ENGINE_ARGS = dict(device="cpu", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192,
-                   sleep_on_idle=True)
+ENGINE_ARGS = dict(
+    device="cpu", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192, sleep_on_idle=True
+)
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -76,9 +77,28 @@ def server_url(tiny_vl, tmp_path_factory):
 
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_vl), "--host", "127.0.0.1",
-           "--port", str(port), "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
-           "--max-total-tokens", "8192", "--enable-cache-report", "--sleep-on-idle", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(tiny_vl),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--disable-cuda-graph",
+        "--max-total-tokens",
+        "8192",
+        "--enable-cache-report",
+        "--sleep-on-idle",
+        "--log-level",
+        "warning",
+    ]
     launcher = f"setsid {shlex.join(cmd)} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"
     pid = int(subprocess.run(["sh", "-c", launcher], capture_output=True, text=True, check=True).stdout)
 

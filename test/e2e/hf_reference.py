@@ -28,7 +28,9 @@ def _per_group_forward(self, hidden_states, position_embeddings, past_key_values
     num_blocks = -(-k_len // self.block_size)
     scores = torch.matmul(idx_q.float(), idx_k.float().transpose(-1, -2))  # [B, H, Sq, Sk]
     future = torch.arange(k_len, device=scores.device)[None, None, None, :] > position_ids[:, None, :, None]
-    scores = F.pad(scores.masked_fill(future, float("-inf")), (0, num_blocks * self.block_size - k_len), value=float("-inf"))
+    scores = F.pad(
+        scores.masked_fill(future, float("-inf")), (0, num_blocks * self.block_size - k_len), value=float("-inf")
+    )
     block_scores = scores.view(batch, self.num_heads, q_len, num_blocks, self.block_size).amax(-1)  # per head
     q_block = position_ids // self.block_size
     for i in range(self.local_blocks):
@@ -81,4 +83,4 @@ def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return model.generate(torch.tensor([ids], device=model.device), generation_config=cfg)[0, len(ids):].tolist()
+    return model.generate(torch.tensor([ids], device=model.device), generation_config=cfg)[0, len(ids) :].tolist()

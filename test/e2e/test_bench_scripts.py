@@ -10,21 +10,61 @@ pytestmark = pytest.mark.slow
 
 def test_gsm8k(server_url, tmp_path):
     out = tmp_path / "gsm8k.json"
-    summary = gsm8k.main(["--base-url", server_url, "--num-questions", "4", "--parallel", "4",
-                          "--max-tokens", "16", "--num-shots", "2", "--output", str(out)])
+    summary = gsm8k.main(
+        [
+            "--base-url",
+            server_url,
+            "--num-questions",
+            "4",
+            "--parallel",
+            "4",
+            "--max-tokens",
+            "16",
+            "--num-shots",
+            "2",
+            "--output",
+            str(out),
+        ]
+    )
     assert summary["num_total"] == 4 and summary["num_errors"] == 0
     assert 0.0 <= summary["accuracy"] <= 1.0 and out.exists()
 
 
 def test_mmlu(server_url, tmp_path):
-    summary = mmlu.main(["--base-url", server_url, "--num-questions", "1", "--parallel", "8",
-                         "--max-tokens", "4", "--output", str(tmp_path / "mmlu.json")])
+    summary = mmlu.main(
+        [
+            "--base-url",
+            server_url,
+            "--num-questions",
+            "1",
+            "--parallel",
+            "8",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "mmlu.json"),
+        ]
+    )
     assert summary["num_errors"] == 0 and len(summary["per_subject"]) == 57
 
 
 def test_serving(server_url, tmp_path):
-    summary = serving.main(["--base-url", server_url, "--concurrency", "1,2", "--num-questions", "2",
-                            "--input-len", "32", "--output-len", "8", "--output", str(tmp_path / "serving.json")])
+    summary = serving.main(
+        [
+            "--base-url",
+            server_url,
+            "--concurrency",
+            "1,2",
+            "--num-questions",
+            "2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "8",
+            "--output",
+            str(tmp_path / "serving.json"),
+        ]
+    )
     assert summary["output_throughput"] > 0
     assert (tmp_path / "serving.png").exists()
 

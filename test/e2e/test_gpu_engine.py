@@ -16,8 +16,14 @@ from .hf_reference import greedy, load_hf, prompt_logprobs
 from .parity_helpers import NEW_TOKENS, engine_greedy, engine_logprobs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-GPU_ARGS = dict(device="cuda", dtype="float32", disable_cuda_graph=True, log_level="error", max_total_tokens=8192,
-                mem_fraction_static=0.5)
+GPU_ARGS = dict(
+    device="cuda",
+    dtype="float32",
+    disable_cuda_graph=True,
+    log_level="error",
+    max_total_tokens=8192,
+    mem_fraction_static=0.5,
+)
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,11 @@ def test_quantised_kv_error_is_bounded(runs):
     for kv_dtype in ("bf16", "fp8_e4m3", "nvfp4"):
         lp, out = runs[kv_dtype]
         diff = torch.cat([(a - b).abs() for a, b in zip(lp, ref_lp)])
-        report[kv_dtype] = dict(mean=diff.mean().item(), max=diff.max().item(),
-                                divergence=[_first_divergence(a, b) for a, b in zip(out, ref_out)])
+        report[kv_dtype] = dict(
+            mean=diff.mean().item(),
+            max=diff.max().item(),
+            divergence=[_first_divergence(a, b) for a, b in zip(out, ref_out)],
+        )
     print(report)
     mean = {k: r["mean"] for k, r in report.items()}
     assert 0 < mean["bf16"] < 0.1
@@ -78,12 +81,18 @@ def test_memory_pressure_outputs_and_no_leak(tiny_vl, corpus_ids):
     finally:
         roomy.shutdown()
     # An optimistic admission policy over-commits the pool, so decode must retract requests.
-    args = dict(ENGINE_ARGS, max_total_tokens=640, max_running_requests=24, chunked_prefill_size=128,
-                schedule_conservativeness=0.05)
+    args = dict(
+        ENGINE_ARGS,
+        max_total_tokens=640,
+        max_running_requests=24,
+        chunked_prefill_size=128,
+        schedule_conservativeness=0.05,
+    )
     tight = sgl.Engine(model_path=str(tiny_vl), **args)
     try:
-        outs = tight.generate(input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0,
-                                                                  "ignore_eos": True})
+        outs = tight.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+        )
         assert [o["output_ids"] for o in outs] == want
         assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0  # the pool really ran dry mid-decode
         assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0  # shared prefixes came from the tree

@@ -62,5 +62,3 @@ def test_vl_radix_prefix_hit_is_identical(vl_engine, corpus_ids):
     again = vl_engine.generate(input_ids=[ids], sampling_params={"max_new_tokens": 8, "temperature": 0})[0]
     assert again["meta_info"]["cached_tokens"] >= 192  # whole pages of the 200-token prompt come from the tree
     assert again["output_ids"] == first["output_ids"]
-
-

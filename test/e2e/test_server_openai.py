@@ -27,8 +27,9 @@ def test_chat_non_streaming(client):
 def test_chat_streaming_equals_non_streaming(client):
     kwargs = dict(model=_model(client), messages=MESSAGES, max_tokens=12, temperature=0)
     full = client.chat.completions.create(**kwargs).choices[0].message.content
-    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
-              if c.choices]
+    pieces = [
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices
+    ]
     assert len(pieces) > 1
     assert "".join(pieces) == full
 

@@ -42,23 +42,44 @@ def test_unsupported_kv_cache_dtype(tiny_vl):
 
 
 def test_index_heads_must_equal_kv_heads(tiny_vl, tmp_path):
-    bad = _variant(tiny_vl, tmp_path / "bad",
-                   lambda c: c["text_config"]["sparse_attention_config"].update(sparse_num_index_heads=2))
+    bad = _variant(
+        tiny_vl,
+        tmp_path / "bad",
+        lambda c: c["text_config"]["sparse_attention_config"].update(sparse_num_index_heads=2),
+    )
     with pytest.raises(M3ConfigError, match=r"sparse_num_index_heads\)=2 != num_key_value_heads=1"):
         _engine(bad)
 
 
 def test_unknown_layer_type(tiny_gqa_text, tmp_path):
-    bad = _variant(tiny_gqa_text, tmp_path / "bad", lambda c: c.update(layer_types=["full_attention", "sliding_attention", "minimax_m3_sparse"]))
+    bad = _variant(
+        tiny_gqa_text,
+        tmp_path / "bad",
+        lambda c: c.update(layer_types=["full_attention", "sliding_attention", "minimax_m3_sparse"]),
+    )
     with pytest.raises(M3ConfigError, match=r"unknown layer type layer_types\[1\]='sliding_attention'"):
         _engine(bad)
 
 
 @pytest.mark.slow
 def test_launch_server_exits_with_the_message(tiny_vl, tmp_path):
-    bad = _variant(tiny_vl, tmp_path / "bad",
-                   lambda c: c["text_config"]["sparse_attention_config"].update(sparse_score_type="lse"))
-    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(bad), "--device", "cpu",
-                           "--disable-cuda-graph"], capture_output=True, text=True, timeout=300)
+    bad = _variant(
+        tiny_vl, tmp_path / "bad", lambda c: c["text_config"]["sparse_attention_config"].update(sparse_score_type="lse")
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(bad),
+            "--device",
+            "cpu",
+            "--disable-cuda-graph",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "sparse_score_type='lse'" in proc.stderr + proc.stdout

@@ -12,7 +12,6 @@ import importlib.util
 import pathlib
 import sys
 
-
 if importlib.util.find_spec("sglang_m3_kernels") is None:
     _root = pathlib.Path(__file__).resolve().parents[2] / "kernel"
     _spec = importlib.util.spec_from_file_location(
@@ -21,4 +20,3 @@ if importlib.util.find_spec("sglang_m3_kernels") is None:
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules["sglang_m3_kernels"] = _mod
     _spec.loader.exec_module(_mod)
-

@@ -15,13 +15,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_m3_kernels import kv_quant as kq
 
 # E2M1: code -> value (OCP MX spec table: sign bit 3, exponent bits 2-1 with bias 1, mantissa bit 0).
 E2M1_TABLE = {
-    0b0000: 0.0, 0b0001: 0.5, 0b0010: 1.0, 0b0011: 1.5, 0b0100: 2.0, 0b0101: 3.0, 0b0110: 4.0, 0b0111: 6.0,
-    0b1000: -0.0, 0b1001: -0.5, 0b1010: -1.0, 0b1011: -1.5, 0b1100: -2.0, 0b1101: -3.0, 0b1110: -4.0, 0b1111: -6.0,
+    0b0000: 0.0,
+    0b0001: 0.5,
+    0b0010: 1.0,
+    0b0011: 1.5,
+    0b0100: 2.0,
+    0b0101: 3.0,
+    0b0110: 4.0,
+    0b0111: 6.0,
+    0b1000: -0.0,
+    0b1001: -0.5,
+    0b1010: -1.0,
+    0b1011: -1.5,
+    0b1100: -2.0,
+    0b1101: -3.0,
+    0b1110: -4.0,
+    0b1111: -6.0,
 }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_m3_kernels import kv_quant as kq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,7 +63,11 @@ def test_kv_store_index_k_2d():
 def test_kv_store_rejects_bad_layout():
     x, loc = _inputs(2, 128)
     with pytest.raises(ValueError, match="64"):
-        kq.kv_store(x, loc, torch.zeros(48, 2, 128, dtype=torch.uint8, device=DEV),
-                    scales=torch.zeros(48, 2, 8, dtype=torch.float8_e4m3fn, device=DEV))
+        kq.kv_store(
+            x,
+            loc,
+            torch.zeros(48, 2, 128, dtype=torch.uint8, device=DEV),
+            scales=torch.zeros(48, 2, 8, dtype=torch.float8_e4m3fn, device=DEV),
+        )
     with pytest.raises(ValueError, match="scales"):
         kq.kv_store(x, loc, torch.zeros(48, 2, 64, dtype=torch.uint8, device=DEV))

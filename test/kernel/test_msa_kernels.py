@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_m3_kernels import kv_quant as kq
 from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
@@ -112,8 +111,22 @@ def test_attention_matches_reference(case, kind, sparse):
         block_ids = msa_topk_ref(iq, ik, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
         block_ids[::3, :, 1] = -1  # holes in the middle of a selection
     out = torch.full((num_rows, hkv * group, 128), float("nan"), dtype=q.dtype, device=DEV)  # poison
-    got = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=block, scale=128**-0.5,
-                        k_scale=ks, v_scale=vs, k_scales=ksc, v_scales=vsc, out=out)
+    got = msa_attention(
+        q,
+        kc,
+        vc,
+        pt,
+        rr,
+        rp,
+        block_ids,
+        block_size=block,
+        scale=128**-0.5,
+        k_scale=ks,
+        v_scale=vs,
+        k_scales=ksc,
+        v_scales=vsc,
+        out=out,
+    )
     ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=block, scale=128**-0.5)
     atol, rtol = TOL[kind]
     torch.testing.assert_close(got.float(), ref, atol=atol, rtol=rtol)
@@ -136,8 +149,16 @@ def test_store_then_attend_nvfp4_equals_dequantised_pool():
     kview = kq.nvfp4_dequantize_ref(kc, ksc, 1.0, torch.bfloat16)  # exact in bf16
     vview = kq.nvfp4_dequantize_ref(vc, vsc, 1.0, torch.bfloat16)
     q = torch.randn(len(rr), hkv * group, 128, device=DEV, generator=g).to(torch.bfloat16)
-    bids = msa_topk_ref(torch.randn(len(rr), hkv, 128, device=DEV, generator=g), k[:, 0].float(), pt, rr, rp,
-                        block_size=block, topk=topk, local_blocks=1)
+    bids = msa_topk_ref(
+        torch.randn(len(rr), hkv, 128, device=DEV, generator=g),
+        k[:, 0].float(),
+        pt,
+        rr,
+        rp,
+        block_size=block,
+        topk=topk,
+        local_blocks=1,
+    )
     a = msa_attention(q, kc, vc, pt, rr, rp, bids, block_size=block, scale=0.088, k_scales=ksc, v_scales=vsc)
     b = msa_attention(q, kview, vview, pt, rr, rp, bids, block_size=block, scale=0.088)
     # same K/V values (exact in both bf16 and fp16); the NVFP4 launch runs its dots in fp16 and
@@ -181,10 +202,20 @@ def test_bad_inputs_raise_value_error():
     pt = torch.zeros(2, 2, dtype=torch.int32, device=DEV)
     rows = torch.zeros(2, dtype=torch.int64, device=DEV)
     with pytest.raises(ValueError, match="block_ids"):
-        msa_attention(q, kc, kc, pt, rows, rows, torch.zeros(2, 2, 4, device=DEV, dtype=torch.int32),
-                      block_size=128, scale=1.0)
+        msa_attention(
+            q, kc, kc, pt, rows, rows, torch.zeros(2, 2, 4, device=DEV, dtype=torch.int32), block_size=128, scale=1.0
+        )
     with pytest.raises(ValueError, match="NVFP4"):
-        msa_attention(q, kc.view(torch.uint8)[..., :64], kc.view(torch.uint8)[..., :64], pt, rows, rows, None,
-                      block_size=128, scale=1.0)
+        msa_attention(
+            q,
+            kc.view(torch.uint8)[..., :64],
+            kc.view(torch.uint8)[..., :64],
+            pt,
+            rows,
+            rows,
+            None,
+            block_size=128,
+            scale=1.0,
+        )
     with pytest.raises(ValueError, match="slots, 128"):
         msa_topk(q[:, :1], kc[:, 0, :64], pt, rows, rows, block_size=128, topk=16, local_blocks=1)

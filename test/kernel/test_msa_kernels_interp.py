@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_m3_kernels import kv_quant as kq
 from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
@@ -65,8 +64,9 @@ def test_attention_small(kind):
     k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
     v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
     q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
-    bids = msa_topk_ref(torch.randn(len(rr), HKV, D, generator=g).to(DEV), k[:, 0], pt, rr, rp,
-                        block_size=BS, topk=TOPK, local_blocks=1)
+    bids = msa_topk_ref(
+        torch.randn(len(rr), HKV, D, generator=g).to(DEV), k[:, 0], pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1
+    )
     bids[::2, :, 1] = -1
     kw, tol = {}, 1e-5
     if kind == "fp8":
@@ -97,8 +97,19 @@ def test_select_kernel_chunked_matches_reference(num_chunks):
     out = torch.empty(rows, 1, TOPK, dtype=torch.int32)
     chunk = blocks // num_chunks
     args = (scores.to(DEV), pos.to(DEV), out.to(DEV))
-    mt._topk_select_kernel[(rows, 1)](*args, scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-                                      BS=BS, TOPK=TOPK, LOCAL=1, CHUNK=chunk, NUM_CHUNKS=num_chunks, K2=TOPK)
+    mt._topk_select_kernel[(rows, 1)](
+        *args,
+        scores.stride(0),
+        scores.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BS=BS,
+        TOPK=TOPK,
+        LOCAL=1,
+        CHUNK=chunk,
+        NUM_CHUNKS=num_chunks,
+        K2=TOPK,
+    )
     for r in range(rows):
         nb = int(pos[r]) // BS + 1
         want = mt._select(scores[r : r + 1, :, :nb], pos[r : r + 1], block_size=BS, topk=TOPK, local_blocks=1)

@@ -24,7 +24,12 @@ def _check_released_values(cfg: M3Config) -> None:
     assert cfg.dense_layer_ids == [0, 1, 2] and cfg.sparse_layer_ids == list(range(3, 60))
     assert cfg.moe_layers == tuple([False] * 3 + [True] * 57)
     assert (cfg.msa.index_heads, cfg.msa.index_dim, cfg.msa.block_size, cfg.msa.topk_blocks, cfg.msa.local_blocks) == (
-        4, 128, 128, 16, 1)
+        4,
+        128,
+        128,
+        16,
+        1,
+    )
     assert (cfg.rotary_dim, cfg.rope_theta, cfg.vocab_size) == (64, 5e6, 200064)
     assert (cfg.num_experts, cfg.top_k, cfg.routed_scaling_factor) == (128, 4, 2.0)
     assert (cfg.dense_intermediate_size, cfg.moe_intermediate_size, cfg.shared_intermediate_size) == (12288, 3072, 3072)
@@ -71,12 +76,24 @@ def test_refusals_name_field_and_value(released, changes, message):
 
 
 def test_refuses_unknown_normalised_layer_type(released):
-    text = dict(released["text_config"], layer_types=["full_attention"] * 59 + ["sliding_attention"],
-                mlp_layer_types=["dense"] * 60, architectures=["MiniMaxM3SparseForCausalLM"])
+    text = dict(
+        released["text_config"],
+        layer_types=["full_attention"] * 59 + ["sliding_attention"],
+        mlp_layer_types=["dense"] * 60,
+        architectures=["MiniMaxM3SparseForCausalLM"],
+    )
     del text["sparse_attention_config"], text["moe_layer_freq"]
     with pytest.raises(M3ConfigError, match=r"layer_types\[59\]='sliding_attention'"):
-        M3Config.from_hf(dict(text, index_n_heads=4, index_head_dim=128, index_block_size=128, index_topk_blocks=16,
-                              index_local_blocks=1))
+        M3Config.from_hf(
+            dict(
+                text,
+                index_n_heads=4,
+                index_head_dim=128,
+                index_block_size=128,
+                index_topk_blocks=16,
+                index_local_blocks=1,
+            )
+        )
 
 
 def test_refuses_other_activation_and_missing_field(released):

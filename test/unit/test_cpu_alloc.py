@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-
 from sglang_m3.mem.cpu_alloc import alloc_decode_cpu, alloc_extend_cpu
 
 P = 4

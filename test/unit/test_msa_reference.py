@@ -46,7 +46,9 @@ def test_selection_matches_brute_force():
         for h in range(2):
             scores = {}
             for b in range(p // BLOCK + 1):
-                keys = [page_table[r, j // BLOCK] * BLOCK + j % BLOCK for j in range(b * BLOCK, min((b + 1) * BLOCK, p + 1))]
+                keys = [
+                    page_table[r, j // BLOCK] * BLOCK + j % BLOCK for j in range(b * BLOCK, min((b + 1) * BLOCK, p + 1))
+                ]
                 scores[b] = max(float(iq[r, h] @ ik[s]) for s in keys)
             scores[p // BLOCK] = float("inf")  # the local block always wins a slot
             want = sorted(scores, key=lambda b: (-scores[b], b))[:TOPK]
@@ -103,7 +105,10 @@ def test_page_permutation_is_bit_exact():
     g = torch.Generator().manual_seed(9)
     q, iq = torch.randn(2, 4, 8, generator=g), torch.randn(2, 2, 8, generator=g)
     args = dict(block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
-    sel1, sel2 = msa_topk_ref(iq, ik, pt, row_req, row_pos, **args), msa_topk_ref(iq, ik2, pt2, row_req, row_pos, **args)
+    sel1, sel2 = (
+        msa_topk_ref(iq, ik, pt, row_req, row_pos, **args),
+        msa_topk_ref(iq, ik2, pt2, row_req, row_pos, **args),
+    )
     assert torch.equal(sel1, sel2)
     o1 = msa_attention_ref(q, k, v, pt, row_req, row_pos, sel1, block_size=BLOCK, scale=0.2)
     o2 = msa_attention_ref(q, k2, v2, pt2, row_req, row_pos, sel2, block_size=BLOCK, scale=0.2)
@@ -116,8 +121,9 @@ def test_per_group_selection_differs_from_shared_only_with_several_groups():
     row_req, row_pos = _decode_rows(lengths)
     args = dict(block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
     iq1 = torch.randn(4, 1, 16, generator=torch.Generator().manual_seed(11))
-    assert torch.equal(msa_topk_ref(iq1, ik, pt, row_req, row_pos, **args),
-                       msa_topk_shared_ref(iq1, ik, pt, row_req, row_pos, **args))
+    assert torch.equal(
+        msa_topk_ref(iq1, ik, pt, row_req, row_pos, **args), msa_topk_shared_ref(iq1, ik, pt, row_req, row_pos, **args)
+    )
     iq2 = torch.randn(4, 2, 16, generator=torch.Generator().manual_seed(12))
     per_group = msa_topk_ref(iq2, ik, pt, row_req, row_pos, **args)
     shared = msa_topk_shared_ref(iq2, ik, pt, row_req, row_pos, **args)

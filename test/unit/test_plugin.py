@@ -14,7 +14,6 @@ def test_register_is_idempotent_and_resolves_both_arch_names():
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins import load_plugins
-
     from sglang_m3 import plugin
     from sglang_m3.model.minimax_m3 import MiniMaxM3ForCausalLM
 

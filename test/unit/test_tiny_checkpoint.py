@@ -21,11 +21,14 @@ def test_build_is_deterministic_and_uses_released_names(tmp_path):
         keys = set(f.keys())
         assert f.get_slice("language_model.model.layers.1.block_sparse_moe.gate.weight").get_dtype() == "F32"
         assert f.get_slice("language_model.model.layers.1.self_attn.q_proj.weight").get_dtype() == "BF16"
-    for key in ("language_model.lm_head.weight", "language_model.model.layers.0.mlp.gate_proj.weight",
-                "language_model.model.layers.1.block_sparse_moe.experts.7.w3.weight",
-                "language_model.model.layers.1.block_sparse_moe.e_score_correction_bias",
-                "language_model.model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
-                "language_model.model.layers.1.self_attn.index_k_proj.weight"):
+    for key in (
+        "language_model.lm_head.weight",
+        "language_model.model.layers.0.mlp.gate_proj.weight",
+        "language_model.model.layers.1.block_sparse_moe.experts.7.w3.weight",
+        "language_model.model.layers.1.block_sparse_moe.e_score_correction_bias",
+        "language_model.model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
+        "language_model.model.layers.1.self_attn.index_k_proj.weight",
+    ):
         assert key in keys, key
     assert any(k.startswith("vision_tower.") for k in keys)
     config = json.loads((a / "config.json").read_text())

@@ -11,22 +11,82 @@ I = 32  # MoE intermediate size
 @pytest.mark.parametrize(
     "name, param, shard, expert, rows",
     [
-        ("language_model.model.layers.3.self_attn.k_proj.weight", "model.layers.3.self_attn.qkv_proj.weight", "k", None, None),
-        ("language_model.model.layers.3.self_attn.index_q_proj.weight", "model.layers.3.self_attn.indexer.q_proj.weight", None, None, None),
-        ("language_model.model.layers.3.self_attn.index_k_norm.weight", "model.layers.3.self_attn.indexer.k_norm.weight", None, None, None),
+        (
+            "language_model.model.layers.3.self_attn.k_proj.weight",
+            "model.layers.3.self_attn.qkv_proj.weight",
+            "k",
+            None,
+            None,
+        ),
+        (
+            "language_model.model.layers.3.self_attn.index_q_proj.weight",
+            "model.layers.3.self_attn.indexer.q_proj.weight",
+            None,
+            None,
+            None,
+        ),
+        (
+            "language_model.model.layers.3.self_attn.index_k_norm.weight",
+            "model.layers.3.self_attn.indexer.k_norm.weight",
+            None,
+            None,
+            None,
+        ),
         ("language_model.model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 1, None, None),
         ("model.layers.0.block_sparse_moe.gate_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 0, None, None),
         ("language_model.model.layers.5.block_sparse_moe.gate.weight", "model.layers.5.mlp.router", None, None, None),
-        ("language_model.model.layers.5.block_sparse_moe.e_score_correction_bias", "model.layers.5.mlp.e_score_correction_bias", None, None, None),
-        ("language_model.model.layers.5.block_sparse_moe.experts.7.w1.weight", "model.layers.5.mlp.w13", None, 7, slice(0, I)),
-        ("language_model.model.layers.5.block_sparse_moe.experts.7.w3.weight", "model.layers.5.mlp.w13", None, 7, slice(I, 2 * I)),
-        ("language_model.model.layers.5.block_sparse_moe.experts.7.w2.weight", "model.layers.5.mlp.w2", None, 7, slice(None)),
-        ("language_model.model.layers.5.block_sparse_moe.shared_experts.up_proj.weight", "model.layers.5.mlp.shared_experts.gate_up_proj.weight", 1, None, None),
+        (
+            "language_model.model.layers.5.block_sparse_moe.e_score_correction_bias",
+            "model.layers.5.mlp.e_score_correction_bias",
+            None,
+            None,
+            None,
+        ),
+        (
+            "language_model.model.layers.5.block_sparse_moe.experts.7.w1.weight",
+            "model.layers.5.mlp.w13",
+            None,
+            7,
+            slice(0, I),
+        ),
+        (
+            "language_model.model.layers.5.block_sparse_moe.experts.7.w3.weight",
+            "model.layers.5.mlp.w13",
+            None,
+            7,
+            slice(I, 2 * I),
+        ),
+        (
+            "language_model.model.layers.5.block_sparse_moe.experts.7.w2.weight",
+            "model.layers.5.mlp.w2",
+            None,
+            7,
+            slice(None),
+        ),
+        (
+            "language_model.model.layers.5.block_sparse_moe.shared_experts.up_proj.weight",
+            "model.layers.5.mlp.shared_experts.gate_up_proj.weight",
+            1,
+            None,
+            None,
+        ),
         ("language_model.lm_head.weight", "lm_head.weight", None, None, None),
         # transformers' own text layout (MiniMaxM3VLForCausalLM.save_pretrained)
         ("model.layers.2.mlp.experts.gate_up_proj", "model.layers.2.mlp.w13", None, None, None),
-        ("model.layers.2.mlp.gate.e_score_correction_bias", "model.layers.2.mlp.e_score_correction_bias", None, None, None),
-        ("model.layers.2.self_attn.indexer.q_proj.weight", "model.layers.2.self_attn.indexer.q_proj.weight", None, None, None),
+        (
+            "model.layers.2.mlp.gate.e_score_correction_bias",
+            "model.layers.2.mlp.e_score_correction_bias",
+            None,
+            None,
+            None,
+        ),
+        (
+            "model.layers.2.self_attn.indexer.q_proj.weight",
+            "model.layers.2.self_attn.indexer.q_proj.weight",
+            None,
+            None,
+            None,
+        ),
     ],
 )
 def test_mapping(name, param, shard, expert, rows):
@@ -34,8 +94,14 @@ def test_mapping(name, param, shard, expert, rows):
     assert (t.param, t.shard, t.expert, t.rows) == (param, shard, expert, rows)
 
 
-@pytest.mark.parametrize("name", ["vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
-                                  "multi_modal_projector.linear_1.bias", "patch_merge_mlp.linear_2.weight",
-                                  "mtp.layers.0.eh_proj.weight"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "multi_modal_projector.linear_1.bias",
+        "patch_merge_mlp.linear_2.weight",
+        "mtp.layers.0.eh_proj.weight",
+    ],
+)
 def test_skipped(name):
     assert map_name(name, I) is None

@@ -26,7 +26,9 @@ class M3MSABackend(AttentionBackend):
         self.cfg = M3Config.from_hf(model_runner.model_config.hf_config)
         self.page_size = model_runner.page_size
         if self.page_size != self.cfg.msa.block_size:  # the start-up override guarantees this
-            raise ValueError(f"m3_msa needs page_size == index block size {self.cfg.msa.block_size}, got {self.page_size}")
+            raise ValueError(
+                f"m3_msa needs page_size == index block size {self.cfg.msa.block_size}, got {self.page_size}"
+            )
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.pool = model_runner.token_to_kv_pool
         self.metadata: MSAMetadata | None = None
@@ -59,7 +61,10 @@ class M3MSABackend(AttentionBackend):
         if save_kv_cache:
             loc = forward_batch.out_cache_loc
             self.pool.set_kv_buffer(
-                layer, loc, k.view(T, layer.tp_k_head_num, layer.qk_head_dim), v.view(T, layer.tp_v_head_num, layer.v_head_dim)
+                layer,
+                loc,
+                k.view(T, layer.tp_k_head_num, layer.qk_head_dim),
+                v.view(T, layer.tp_v_head_num, layer.v_head_dim),
             )
             if index_k is not None:
                 self.pool.set_index_k_buffer(layer, loc, index_k)
@@ -81,7 +86,17 @@ class M3MSABackend(AttentionBackend):
         args = (md.page_table, md.row_req, md.row_pos, block_ids)
         k, v = self.pool.kv_stores(lid)
         if k.data.is_cuda:
-            return msa_attention(q, k.data, v.data, *args, block_size=self.page_size, scale=scale, k_scale=k.scale,
-                                 v_scale=v.scale, k_scales=k.scales, v_scales=v.scales)
+            return msa_attention(
+                q,
+                k.data,
+                v.data,
+                *args,
+                block_size=self.page_size,
+                scale=scale,
+                k_scale=k.scale,
+                v_scale=v.scale,
+                k_scales=k.scales,
+                v_scales=v.scales,
+            )
         k_cache, v_cache = self.pool.read_kv(lid)
         return msa_attention_ref(q, k_cache, v_cache, *args, block_size=self.page_size, scale=scale)

@@ -15,8 +15,9 @@ from sglang.srt.mem_cache.allocator import alloc_extend_naive
 from sglang.srt.utils import get_num_new_pages
 
 
-def alloc_extend_cpu(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
-                     num_new_pages=None):
+def alloc_extend_cpu(
+    self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, num_new_pages=None
+):
     if num_new_pages is None:
         num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu)
     if self.need_sort and num_new_pages > len(self.free_pages):

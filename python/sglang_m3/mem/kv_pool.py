@@ -66,11 +66,22 @@ class RowStore:
 
 
 class M3KVPool(KVCache):
-    def __init__(self, size: int, page_size: int, cfg: M3Config, layout: KVLayout, device, *,
-                 start_layer: int = 0, end_layer: int | None = None, draft_kv_heads: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        cfg: M3Config,
+        layout: KVLayout,
+        device,
+        *,
+        start_layer: int = 0,
+        end_layer: int | None = None,
+        draft_kv_heads: tuple[int, ...] = (),
+    ):
         end_layer = cfg.num_layers if end_layer is None else end_layer
-        super().__init__(size, page_size, layout.plain_dtype, end_layer - start_layer, device, False,
-                         start_layer, end_layer)
+        super().__init__(
+            size, page_size, layout.plain_dtype, end_layer - start_layer, device, False, start_layer, end_layer
+        )
         self.cfg, self.layout, self.draft_kv_heads = cfg, layout, draft_kv_heads
         slots = size + page_size  # SGLang pools keep one spare page for padded writes
         D, H = cfg.head_dim, cfg.num_kv_heads
@@ -140,8 +151,21 @@ def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
     logger.info(
         "sglang-m3 KV pool (%s): %d B/token = dense layer %d + sparse layer %d + index-K %d per sparse layer; "
         "capacity %d tokens (%d pages of %d)",
-        layout.name, budget["total"], budget["dense_layer"], budget["sparse_layer"], budget["index_k"],
-        max_total_num_tokens, max_total_num_tokens // kvc.pool_page_size, kvc.pool_page_size,
+        layout.name,
+        budget["total"],
+        budget["dense_layer"],
+        budget["sparse_layer"],
+        budget["index_k"],
+        max_total_num_tokens,
+        max_total_num_tokens // kvc.pool_page_size,
+        kvc.pool_page_size,
     )
-    return M3KVPool(max_total_num_tokens, kvc.pool_page_size, cfg, layout, kvc.device,
-                    start_layer=kvc.layer_info.start_layer, end_layer=kvc.layer_info.end_layer)
+    return M3KVPool(
+        max_total_num_tokens,
+        kvc.pool_page_size,
+        cfg,
+        layout,
+        kvc.device,
+        start_layer=kvc.layer_info.start_layer,
+        end_layer=kvc.layer_info.end_layer,
+    )

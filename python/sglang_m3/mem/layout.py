@@ -52,8 +52,10 @@ _LAYOUTS = {
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
     if kv_cache_dtype not in _LAYOUTS:
-        raise ValueError(f"--kv-cache-dtype={kv_cache_dtype!r} is not supported by sglang-m3; "
-                         f"supported: {sorted(_LAYOUTS)} (nvfp4 = the hybrid NVFP4/FP8 layout)")
+        raise ValueError(
+            f"--kv-cache-dtype={kv_cache_dtype!r} is not supported by sglang-m3; "
+            f"supported: {sorted(_LAYOUTS)} (nvfp4 = the hybrid NVFP4/FP8 layout)"
+        )
 
 
 def layout_for(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVLayout:

@@ -29,7 +29,9 @@ class Indexer(nn.Module):
         super().__init__()
         msa = cfg.msa
         self.heads, self.dim = msa.index_heads, msa.index_dim
-        self.q_proj = ReplicatedLinear(cfg.hidden_size, msa.index_heads * msa.index_dim, bias=False, prefix=f"{prefix}.q_proj")
+        self.q_proj = ReplicatedLinear(
+            cfg.hidden_size, msa.index_heads * msa.index_dim, bias=False, prefix=f"{prefix}.q_proj"
+        )
         self.k_proj = ReplicatedLinear(cfg.hidden_size, msa.index_dim, bias=False, prefix=f"{prefix}.k_proj")
         self.q_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
         self.k_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
@@ -56,7 +58,11 @@ class M3Attention(nn.Module):
         self.rope = PartialNeoxRope(cfg.rotary_dim, cfg.rope_theta)
         self.indexer = Indexer(cfg, self.rope, prefix=f"{prefix}.indexer") if cfg.sparse_layers[layer_id] else None
         self.attn = RadixAttention(
-            cfg.num_heads, cfg.head_dim, cfg.head_dim**-0.5, num_kv_heads=cfg.num_kv_heads, layer_id=layer_id,
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.head_dim**-0.5,
+            num_kv_heads=cfg.num_kv_heads,
+            layer_id=layer_id,
             prefix=f"{prefix}.attn",
         )
 

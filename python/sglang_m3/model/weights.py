@@ -27,23 +27,42 @@ class Target:
 
 _LAYER = r"^model\.layers\.(\d+)\."
 _RULES: list[tuple[re.Pattern, callable]] = [
-    (re.compile(_LAYER + r"self_attn\.([qkv])_proj\.weight$"), lambda m, I: Target(f"model.layers.{m[1]}.self_attn.qkv_proj.weight", m[2])),
-    (re.compile(_LAYER + r"self_attn\.index_([qk])_(proj|norm)\.weight$"),
-     lambda m, I: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_{m[3]}.weight")),
-    (re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(gate|up)_proj\.weight$"),
-     lambda m, I: Target(f"model.layers.{m[1]}.mlp.gate_up_proj.weight", 0 if m[2] == "gate" else 1)),
-    (re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.down_proj\.weight$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.down_proj.weight")),
-    (re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.router")),
-    (re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(?:gate\.)?e_score_correction_bias$"),
-     lambda m, I: Target(f"model.layers.{m[1]}.mlp.e_score_correction_bias")),
+    (
+        re.compile(_LAYER + r"self_attn\.([qkv])_proj\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.self_attn.qkv_proj.weight", m[2]),
+    ),
+    (
+        re.compile(_LAYER + r"self_attn\.index_([qk])_(proj|norm)\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_{m[3]}.weight"),
+    ),
+    (
+        re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(gate|up)_proj\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
+    ),
+    (
+        re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.down_proj\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.down_proj.weight"),
+    ),
+    (
+        re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.router"),
+    ),
+    (
+        re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(?:gate\.)?e_score_correction_bias$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.e_score_correction_bias"),
+    ),
     (re.compile(_LAYER + r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$"), lambda m, I: _expert(m, I)),
     # transformers' fused layout: all experts in one tensor, gate rows before up rows (like w13).
     (re.compile(_LAYER + r"mlp\.experts\.gate_up_proj$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.w13")),
     (re.compile(_LAYER + r"mlp\.experts\.down_proj$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.w2")),
-    (re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.(gate|up)_proj\.weight$"),
-     lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.gate_up_proj.weight", 0 if m[2] == "gate" else 1)),
-    (re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.down_proj\.weight$"),
-     lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.down_proj.weight")),
+    (
+        re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.(gate|up)_proj\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
+    ),
+    (
+        re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.down_proj\.weight$"),
+        lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.down_proj.weight"),
+    ),
 ]
 
 

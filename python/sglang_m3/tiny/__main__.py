@@ -1,4 +1,4 @@
-"""``python -m sglang_m3.tiny build DIR [--name N] [--variant vl|text] [--seed S]`` | ``path [--name N] [--variant V]``."""
+"""``python -m sglang_m3.tiny build DIR [--name N] [--variant vl|text] [--seed S]``, or ``path [--name N]``."""
 
 from __future__ import annotations
 

@@ -25,8 +25,16 @@ from .tokenizer import train_tokenizer
 
 BUILD_VERSION = 1  # bump when the output of a given (name, variant, seed) changes
 VOCAB_SIZE = 512
-_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-               patch_size=14, image_size=56, hidden_act="gelu", model_type="clip_vision_model")
+_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    patch_size=14,
+    image_size=56,
+    hidden_act="gelu",
+    model_type="clip_vision_model",
+)
 
 
 def released_text_config(name: str, vocab_size: int = VOCAB_SIZE) -> dict:
@@ -38,7 +46,9 @@ def released_text_config(name: str, vocab_size: int = VOCAB_SIZE) -> dict:
         vocab_size=vocab_size,
         moe_layer_freq=moe,
         sparse_attention_config=dict(
-            msa, sparse_num_index_heads=spec["num_key_value_heads"], sparse_attention_freq=layers,
+            msa,
+            sparse_num_index_heads=spec["num_key_value_heads"],
+            sparse_attention_freq=layers,
             sparse_disable_index_value=layers,
         ),
         architectures=["MiniMaxM3SparseForCausalLM"],
@@ -49,14 +59,27 @@ def normalised_text_config(name: str, vocab_size: int = VOCAB_SIZE) -> dict:
     """The same config in transformers' normalised spelling (``index_*``, ``layer_types``)."""
     spec = dict(TINY_CONFIGS[name])
     layers, moe, msa = spec.pop("layers"), spec.pop("moe"), spec.pop("msa")
-    for key in ("hidden_act", "scoring_func", "use_routing_bias", "use_gemma_norm", "use_qk_norm", "qk_norm_type",
-                "attention_output_gate", "n_shared_experts", "rope_theta", "partial_rotary_factor"):
+    for key in (
+        "hidden_act",
+        "scoring_func",
+        "use_routing_bias",
+        "use_gemma_norm",
+        "use_qk_norm",
+        "qk_norm_type",
+        "attention_output_gate",
+        "n_shared_experts",
+        "rope_theta",
+        "partial_rotary_factor",
+    ):
         spec.pop(key)
     return dict(
         spec,
         vocab_size=vocab_size,
-        rope_parameters=dict(rope_type="default", rope_theta=TINY_CONFIGS[name]["rope_theta"],
-                             partial_rotary_factor=TINY_CONFIGS[name]["partial_rotary_factor"]),
+        rope_parameters=dict(
+            rope_type="default",
+            rope_theta=TINY_CONFIGS[name]["rope_theta"],
+            partial_rotary_factor=TINY_CONFIGS[name]["partial_rotary_factor"],
+        ),
         index_n_heads=spec["num_key_value_heads"],
         index_head_dim=msa["sparse_index_dim"],
         index_block_size=msa["sparse_block_size"],
@@ -107,10 +130,14 @@ def build_checkpoint(out_dir: str | os.PathLike, name: str = "m3-tiny", variant:
     torch.manual_seed(seed)
     if variant == "vl":
         text = dict(released_text_config(name), **ids)
-        extra = dict(image_token_index=tok.convert_tokens_to_ids("<|image|>"),
-                     video_token_index=tok.convert_tokens_to_ids("<|video|>"),
-                     projector_hidden_size=text["hidden_size"])
-        model = MiniMaxM3SparseForConditionalGeneration(MiniMaxM3VLConfig(text_config=text, vision_config=_VISION, **extra))
+        extra = dict(
+            image_token_index=tok.convert_tokens_to_ids("<|image|>"),
+            video_token_index=tok.convert_tokens_to_ids("<|video|>"),
+            projector_hidden_size=text["hidden_size"],
+        )
+        model = MiniMaxM3SparseForConditionalGeneration(
+            MiniMaxM3VLConfig(text_config=text, vision_config=_VISION, **extra)
+        )
     else:
         text = dict(normalised_text_config(name), **ids)
         model = MiniMaxM3VLForCausalLM(MiniMaxM3VLTextConfig(**text))
@@ -122,8 +149,14 @@ def build_checkpoint(out_dir: str | os.PathLike, name: str = "m3-tiny", variant:
     model.save_pretrained(out)
 
     if variant == "vl":
-        config = dict(architectures=["MiniMaxM3SparseForConditionalGeneration"], model_type="minimax_m3_vl",
-                      text_config=text, vision_config=_VISION, torch_dtype="bfloat16", **extra)
+        config = dict(
+            architectures=["MiniMaxM3SparseForConditionalGeneration"],
+            model_type="minimax_m3_vl",
+            text_config=text,
+            vision_config=_VISION,
+            torch_dtype="bfloat16",
+            **extra,
+        )
     else:
         config = json.loads((out / "config.json").read_text())
         config["architectures"] = ["MiniMaxM3SparseForCausalLM"]

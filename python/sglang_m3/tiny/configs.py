@@ -31,14 +31,19 @@ _BASE = dict(
     tie_word_embeddings=False,
 )
 
-_MSA = dict(sparse_index_dim=32, sparse_block_size=16, sparse_topk_blocks=4, sparse_local_block=1,
-            sparse_init_block=0, sparse_score_type="max", use_sparse_attention=True)
+_MSA = dict(
+    sparse_index_dim=32,
+    sparse_block_size=16,
+    sparse_topk_blocks=4,
+    sparse_local_block=1,
+    sparse_init_block=0,
+    sparse_score_type="max",
+    use_sparse_attention=True,
+)
 
 TINY_CONFIGS: dict[str, dict] = {
     # One KV group: transformers 5.12.1's shared selection equals the per-group rule.
-    "m3-tiny": dict(_BASE, num_key_value_heads=1, num_hidden_layers=4, layers=[0, 1, 1, 1], moe=[0, 1, 1, 1],
-                    msa=_MSA),
+    "m3-tiny": dict(_BASE, num_key_value_heads=1, num_hidden_layers=4, layers=[0, 1, 1, 1], moe=[0, 1, 1, 1], msa=_MSA),
     # Two KV groups: per-group selection differs from 5.12.1's shared one.
-    "m3-tiny-gqa": dict(_BASE, num_key_value_heads=2, num_hidden_layers=3, layers=[0, 1, 1], moe=[0, 0, 1],
-                        msa=_MSA),
+    "m3-tiny-gqa": dict(_BASE, num_key_value_heads=2, num_hidden_layers=3, layers=[0, 1, 1], moe=[0, 0, 1], msa=_MSA),
 }
