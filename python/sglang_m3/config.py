@@ -86,7 +86,8 @@ class M3Config:
     def from_text_dict(cls, d: Mapping[str, Any], architecture: str) -> "M3Config":
         num_layers = _req(d, "num_hidden_layers")
         sparse_layers, moe_layers, msa = _parse_layers_and_msa(d, num_layers)
-        _check_activation(d)
+        # transformers normalises the released "swigluoai" to "silu" and computes the OAI gate inline.
+        _check_choice(d, "hidden_act", ("swigluoai", "silu"))
         _check_choice(d, "qk_norm_type", ("per_head",))
         _check_choice(d, "use_gemma_norm", (True,))
         _check_choice(d, "use_qk_norm", (True,))
@@ -186,11 +187,6 @@ def _req(d: Mapping[str, Any], key: str):
 def _check_choice(d: Mapping[str, Any], key: str, allowed: tuple) -> None:
     if key in d and d[key] is not None and d[key] not in allowed:
         raise M3ConfigError(f"unsupported {key}={d[key]!r}; supported: {list(allowed)}")
-
-
-def _check_activation(d: Mapping[str, Any]) -> None:
-    # transformers normalises the released "swigluoai" to "silu" and computes the OAI gate inline.
-    _check_choice(d, "hidden_act", ("swigluoai", "silu"))
 
 
 def _rope_theta(d: Mapping[str, Any]) -> float:

@@ -8,12 +8,11 @@ quantised layouts must run and stay within the CPU-measured bounds.
 from __future__ import annotations
 
 import pytest
-import sglang as sgl
 import torch
 
 from .conftest import prompts_from
 from .hf_reference import greedy, load_hf, prompt_logprobs
-from .parity_helpers import NEW_TOKENS, engine_greedy, engine_logprobs
+from .parity_helpers import KV_ERROR_BOUNDS, NEW_TOKENS, run_per_kv_dtype
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 GPU_ARGS = dict(
@@ -29,14 +28,7 @@ GPU_ARGS = dict(
 @pytest.fixture(scope="module")
 def results(tiny_vl, corpus_ids):
     prompts = prompts_from(corpus_ids)
-    out = {}
-    for kv_dtype in ("auto", "fp8_e4m3", "nvfp4"):
-        engine = sgl.Engine(model_path=str(tiny_vl), kv_cache_dtype=kv_dtype, **GPU_ARGS)
-        try:
-            out[kv_dtype] = ([engine_logprobs(engine, p) for p in prompts], engine_greedy(engine, prompts))
-        finally:
-            engine.shutdown()
-    return prompts, out
+    return prompts, run_per_kv_dtype(tiny_vl, ("auto", "fp8_e4m3", "nvfp4"), prompts, GPU_ARGS)
 
 
 def test_cuda_engine_matches_transformers(results, tiny_vl):
@@ -53,7 +45,7 @@ def test_cuda_engine_matches_transformers(results, tiny_vl):
 def test_cuda_quantised_layouts_run_within_bounds(results):
     _, out = results
     ref = torch.cat(out["auto"][0])
-    for kv_dtype, bound in (("fp8_e4m3", 0.4), ("nvfp4", 0.5)):
+    for kv_dtype, bound in KV_ERROR_BOUNDS.items():
         err = (torch.cat(out[kv_dtype][0]) - ref).abs().mean().item()
         print(f"{kv_dtype}: mean |dlogprob| {err:.3f}")
         assert 0 < err < bound
