@@ -134,7 +134,8 @@ def msa_topk_shared_ref(
 
 
 # ============================================================================ Triton kernels
-# Two launches, both CUDA-graph safe (grids from tensor shapes only, no host sync):
+# One launch for decode, two for verify / prefill; CUDA-graph safe (grids from tensor
+# shapes only, no host sync):
 #
 # 1. ``_block_score_kernel``: grid (row tiles, page chunks). A tile is BLOCK_R consecutive
 #    query rows; the rows of one request inside a tile form a *segment* that reads each
@@ -143,20 +144,133 @@ def msa_topk_shared_ref(
 #    its segments. Verify (1 + K rows per request) and prefill thus scan the history once
 #    per tile instead of once per row. Output: causal block max ``[R, H, max_pages]`` fp32;
 #    columns past a row's own block are never written and never read.
-# 2. ``_topk_select_kernel``: grid (R, H). Forces the local blocks to +inf and extracts the
-#    top-k under the total order (score desc, block asc), so the result equals
-#    ``msa_topk_ref`` slot for slot; exhausted slots (-inf) are -1. Rows of up to 4096
-#    blocks (512K tokens at block 128) take one in-register bitonic top-k on packed
-#    (score, block) int64 keys; longer rows stream in chunks with one arg-max sweep per slot.
+# 2. Selection: force the local blocks to +inf and extract the top-k under the total order
+#    (score desc, block asc), so the result equals ``msa_topk_ref`` slot for slot;
+#    exhausted slots (-inf) are -1. Rows of up to 4096 blocks (512K tokens at block 128)
+#    take one in-register bitonic top-k on packed (score, block) int64 keys.
+#    * fused (decode: one row per tile, <= 64 rows): every score program takes a ticket on
+#      its tile's counter after writing its block maxima; the program that draws the last
+#      ticket selects for all rows x heads of the tile (one 2-D top-k) and resets the
+#      counter to 0 for the next launch. Saves the second launch.
+#    * else ``_topk_select_kernel``: grid (R, H); rows longer than 4096 blocks stream in
+#      chunks with one arg-max sweep per slot.
+# Programmatic dependent launch as in ``msa_sparse_attn`` (``_PDL``).
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from .msa_sparse_attn import _gdc_launch_dependents, _gdc_wait, _use_pdl  # noqa: E402
+from .paged import counters  # noqa: E402
 
 # Single-row tiles with one index head (TP decode) run on CUDA-core FMAs when the index-K
 # cache is FP8: e4m3 -> fp32 per element beat the tensor-core path's e4m3 -> fp16 + smem
 # staging (H200, batch 64 x 128K: 281 vs 330 us); with bf16 caches the tensor-core tile
 # kernel was as fast or faster (batch 8 x 32K: 31 vs 35 us). Knob for the sweep script.
 _SCORE_ROW_FMA = False
+# Fuse the top-k selection into the score kernel when there are at most this many query
+# rows, a tile holds at most _FUSE_SELECT_MAX_TILE_ROWS (row, head) pairs and the whole row
+# fits one in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one
+# row per tile (decode: ~1.5 us at 32K, ~3.5 us at 128K, about even at 8K; batch 64 FP8
+# 304 vs 338 us) and lost for verify tiles (4 rows x 1024 blocks sorted by one program:
+# +30 us at 128K), so verify keeps the select launch. Sweep knobs.
+_FUSE_SELECT_MAX_ROWS = 64
+_FUSE_SELECT_MAX_TILE_ROWS = 1
+
+
+@triton.jit
+def _select_rows(
+    score_ptr,
+    out_ptr,
+    row,
+    head,
+    pos,
+    ok,
+    stride_sr,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    BS: tl.constexpr,
+    TOPK: tl.constexpr,
+    LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    K2: tl.constexpr,
+):
+    """Top-k of ``M`` (row, head) score rows at once (``row``/``head``/``pos``/``ok``: ``[M]``).
+
+    key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys are
+    (score desc, block asc), exactly the reference order. Absent blocks get -1.
+    """
+    b = tl.arange(0, CHUNK)[None, :]
+    q_blk = (pos // BS)[:, None]
+    nb = q_blk + 1  # blocks 0..q_blk exist for this row
+    r64 = row.to(tl.int64)[:, None]
+    # .cg: the block maxima were written by other programs (other SMs): read them from L2
+    s = tl.load(
+        score_ptr + r64 * stride_sr + head[:, None] * stride_sh + b,
+        mask=ok[:, None] & (b < nb),
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )
+    s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
+    bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
+    ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
+    key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
+    top = tl.topk(key, K2)  # [M, K2], descending
+    blk = 2147483647 - (top & 2147483647)
+    # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
+    blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
+    t = tl.arange(0, K2)[None, :]
+    tl.store(out_ptr + r64 * stride_or + head[:, None] * stride_oh + t, blk.to(tl.int32), mask=ok[:, None] & (t < TOPK))
+
+
+@triton.jit
+def _fused_select(
+    cnt_ptr,
+    tile,
+    score_ptr,
+    out_ptr,
+    row_pos_ptr,
+    R,
+    stride_sr,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    H: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    SEL_M: tl.constexpr,
+    TOPK: tl.constexpr,
+    LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    K2: tl.constexpr,
+):
+    """Called by every score program of ``tile`` once its maxima are stored; the last one selects."""
+    tl.debug_barrier()  # every thread's score stores precede the release below
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == tl.num_programs(1) - 1:
+        ms = tl.arange(0, SEL_M)
+        row = tile * BLOCK_R + ms // H
+        ok = (ms < BLOCK_R * H) & (row < R)
+        pos = tl.load(row_pos_ptr + row, mask=ok, other=0).to(tl.int64)
+        _select_rows(
+            score_ptr,
+            out_ptr,
+            row,
+            ms % H,
+            pos,
+            ok,
+            stride_sr,
+            stride_sh,
+            stride_or,
+            stride_oh,
+            BS,
+            TOPK,
+            LOCAL,
+            CHUNK,
+            K2,
+        )
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
@@ -167,6 +281,8 @@ def _block_score_kernel(
     row_req_ptr,
     row_pos_ptr,
     score_ptr,
+    out_ptr,
+    cnt_ptr,
     k_scale,
     R,
     stride_qr,
@@ -175,6 +291,8 @@ def _block_score_kernel(
     stride_ptr,
     stride_sr,
     stride_sh,
+    stride_or,
+    stride_oh,
     H: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
@@ -183,6 +301,13 @@ def _block_score_kernel(
     PAGES: tl.constexpr,
     Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
+    FUSE: tl.constexpr,
+    SEL_M: tl.constexpr,
+    TOPK: tl.constexpr,
+    LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    K2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_page = tl.program_id(1) * PAGES
@@ -191,9 +316,11 @@ def _block_score_kernel(
     row = tile * BLOCK_R + m // H
     head = m % H
     row_ok = (m < BLOCK_R * H) & (row < R)
+    d = tl.arange(0, D)
+    j = tl.arange(0, BS)
+    _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
-    d = tl.arange(0, D)
     q = tl.load(
         q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None],
@@ -204,7 +331,6 @@ def _block_score_kernel(
     # exactly); bf16 for a bf16 cache
     CDT: tl.constexpr = tl.float32 if Q_FP32 else (tl.float16 if K_FP8 else tl.bfloat16)
     q = q.to(CDT)
-    j = tl.arange(0, BS)
     done = ~row_ok
     # -- one segment (= one request) per trip; usually a single trip --------------------
     while tl.sum((~done).to(tl.int32)) > 0:
@@ -227,6 +353,28 @@ def _block_score_kernel(
             bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
             tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg & live)
         done = done | seg
+    _gdc_launch_dependents(PDL)
+    if FUSE:
+        _fused_select(
+            cnt_ptr,
+            tile,
+            score_ptr,
+            out_ptr,
+            row_pos_ptr,
+            R,
+            stride_sr,
+            stride_sh,
+            stride_or,
+            stride_oh,
+            H,
+            BS,
+            BLOCK_R,
+            SEL_M,
+            TOPK,
+            LOCAL,
+            CHUNK,
+            K2,
+        )
 
 
 @triton.jit
@@ -237,23 +385,34 @@ def _block_score_row_kernel(
     row_req_ptr,
     row_pos_ptr,
     score_ptr,
+    out_ptr,
+    cnt_ptr,
     k_scale,
+    R,
     stride_qr,
     stride_kt,
     stride_ptr,
     stride_sr,
+    stride_or,
     D: tl.constexpr,
     BS: tl.constexpr,
     PAGES: tl.constexpr,
+    FUSE: tl.constexpr,
+    TOPK: tl.constexpr,
+    LOCAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    K2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
     r = tl.program_id(0)
     first_page = tl.program_id(1) * PAGES
+    d = tl.arange(0, D)
+    j = tl.arange(0, BS)
+    _gdc_wait(PDL)
     req = tl.load(row_req_ptr + r).to(tl.int64)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
     last_blk = pos // BS
-    d = tl.arange(0, D)
-    j = tl.arange(0, BS)
     q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + d).to(tl.float32)
     for i in range(PAGES):
         b = first_page + i
@@ -263,6 +422,28 @@ def _block_score_row_kernel(
         s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BS] exact fp32 products
         s = tl.where(b * BS + j <= pos, s, float("-inf"))
         tl.store(score_ptr + r.to(tl.int64) * stride_sr + b, tl.max(s) * k_scale, mask=live)
+    _gdc_launch_dependents(PDL)
+    if FUSE:
+        _fused_select(
+            cnt_ptr,
+            r,
+            score_ptr,
+            out_ptr,
+            row_pos_ptr,
+            R,
+            stride_sr,
+            0,
+            stride_or,
+            0,
+            1,
+            BS,
+            1,
+            1,
+            TOPK,
+            LOCAL,
+            CHUNK,
+            K2,
+        )
 
 
 @triton.jit
@@ -280,9 +461,11 @@ def _topk_select_kernel(
     CHUNK: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
     K2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
+    _gdc_wait(PDL)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
     q_blk = pos // BS
     nb = q_blk + 1  # blocks 0..q_blk exist for this row
@@ -292,22 +475,25 @@ def _topk_select_kernel(
     prev_s = float("inf")
     prev_b = -1
     if NUM_CHUNKS == 1:
-        # -- whole row in registers: one bitonic top-k on packed int64 keys ----------------
-        # key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys
-        # are (score desc, block asc), exactly the reference order. Absent blocks get -1.
-        b = tl.arange(0, CHUNK)
-        s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
-        s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
-        bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-        # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
-        ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
-        key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
-        top = tl.topk(key, K2)  # [K2], descending
-        blk = 2147483647 - (top & 2147483647)
-        # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
-        blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
-        t = tl.arange(0, K2)
-        tl.store(o_row + t, blk.to(tl.int32), mask=t < TOPK)
+        # -- whole row in registers: one bitonic top-k (see _select_rows) ------------------
+        one = tl.full([1], 0, tl.int32)
+        _select_rows(
+            score_ptr,
+            out_ptr,
+            one + r,
+            one + h,
+            one.to(tl.int64) + pos,
+            one == 0,
+            stride_sr,
+            stride_sh,
+            stride_or,
+            stride_oh,
+            BS,
+            TOPK,
+            LOCAL,
+            CHUNK,
+            K2,
+        )
     else:
         # -- long rows: the same sweeps, streaming the row chunk by chunk (L2 resident) --
         for t in range(TOPK):
@@ -393,6 +579,15 @@ def msa_topk(
     pages = 1
     while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 512:
         pages *= 2
+    k2 = triton.next_power_of_2(topk)
+    chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
+    num_chunks = -(-max_pages // chunk)
+    sel_m = triton.next_power_of_2(block_r * H)
+    fuse = num_chunks == 1 and R <= _FUSE_SELECT_MAX_ROWS and sel_m <= _FUSE_SELECT_MAX_TILE_ROWS
+    cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
+    pdl = _use_pdl(index_q.device)
+    launch = dict(launch_pdl=True) if pdl else {}
+    sel = dict(FUSE=fuse, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
     if H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA):
         _block_score_row_kernel[(R, -(-max_pages // pages))](
@@ -402,16 +597,22 @@ def msa_topk(
             row_req,
             row_pos,
             scores,
+            out,
+            cnt,
             float(k_scale),
+            R,
             index_q.stride(0),
             index_k_cache.stride(0),
             page_table.stride(0),
             scores.stride(0),
+            out.stride(0),
             D=D,
             BS=block_size,
             PAGES=pages,
+            **sel,
             num_warps=4,
             num_stages=2,
+            **launch,
         )
     else:
         _block_score_kernel[(n_tiles, -(-max_pages // pages))](
@@ -421,6 +622,8 @@ def msa_topk(
             row_req,
             row_pos,
             scores,
+            out,
+            cnt,
             float(k_scale),
             R,
             index_q.stride(0),
@@ -429,6 +632,8 @@ def msa_topk(
             page_table.stride(0),
             scores.stride(0),
             scores.stride(1),
+            out.stride(0),
+            out.stride(1),
             H=H,
             D=D,
             BS=block_size,
@@ -436,12 +641,15 @@ def msa_topk(
             BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
             PAGES=pages,
             Q_FP32=index_q.dtype == torch.float32,
-            K_FP8=index_k_cache.dtype == torch.float8_e4m3fn,
+            K_FP8=k_fp8,
+            SEL_M=sel_m,
+            **sel,
             num_warps=4,
             num_stages=2,
+            **launch,
         )
-    k2 = triton.next_power_of_2(topk)
-    chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
+    if fuse:
+        return out
     _topk_select_kernel[(R, H)](
         scores,
         row_pos,
@@ -454,8 +662,10 @@ def msa_topk(
         TOPK=topk,
         LOCAL=local_blocks,
         CHUNK=chunk,
-        NUM_CHUNKS=-(-max_pages // chunk),
+        NUM_CHUNKS=num_chunks,
         K2=k2,
+        PDL=pdl,
         num_warps=max(1, min(8, chunk // 512)),
+        **launch,
     )
     return out

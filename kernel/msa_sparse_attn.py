@@ -81,22 +81,96 @@ def msa_attention_ref(
 #   (-1) or future slots load nothing.
 # * Pages are dequantised in registers right after the load, into fp16 (the dots then run
 #   in fp16): FP8 widens exactly (per-tensor scales folded into the softmax scale and the
-#   output); NVFP4 turns each nibble into an fp16 bit pattern with one shift and multiplies
-#   by the e4m3 block scale (e2m1 x e4m3 has <= 6 significant bits: exact in fp16). NVFP4
+#   output); NVFP4 turns each nibble into an fp16 bit pattern (e2m1 x 2^-14) and multiplies
+#   by its e4m3 block scale (e2m1 x e4m3 has <= 6 significant bits: exact in fp16). NVFP4
 #   splits every dot into even and odd head-dim halves (low / high nibbles), so the packed
-#   bytes load as one vectorised tile and never need interleaving (1.6x faster than a
-#   per-element gather on the H200; still ~1.6x slower than FP8 at batch 64: decode ALU).
+#   bytes load as one vectorised tile and never need interleaving. With D = 128 the decode
+#   is one inline-PTX block per 4 packed bytes (prmt / shift / and / or, the 8 block scales
+#   of a row read as one int64 and picked per byte with prmt, one f16x2 multiply per pair):
+#   ~3 integer ops per element instead of ~10 plus a per-element scale gather.
 #   fp32 q (token-exact runs) keeps fp32 pages and IEEE dots throughout.
-# * Exact token-causal masking on key positions, online softmax in base 2, and with NS > 1
-#   a merge launch combining the per-split (output, log-sum-exp) pairs.
+# * Exact token-causal masking on key positions, online softmax in base 2.
+# * With NS > 1 splits, each program writes its (output, log-sum-exp) partial and a merge
+#   launch combines them. Optional (``_FUSE_MERGE``, off by default: slower on the H200):
+#   each program takes a ticket on a per-(row, group) counter and the program that draws
+#   the last ticket merges the NS partials, then resets the counter to 0 (so the counters
+#   stay zero between launches and the kernel stays CUDA-graph safe).
+# * Programmatic dependent launch (sm_90, ``_PDL``): every kernel waits on
+#   ``griddepcontrol.wait`` before its first global access and signals its dependents
+#   after its main loop, so the next kernel's launch overlaps this one's tail.
 # Grids and NS come from tensor shapes only (CUDA-graph safe, no host sync).
+
+import os  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .paged import counters  # noqa: E402
+
 _LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 _NVFP4_UNIT = 2.0**14  # NVFP4 pages are decoded as e2m1 * 2^-14 (see _load_page)
 _NVFP4_EVEN_ODD = True  # NVFP4 decode: even/odd split dots (True) or per-element gather (False, sweep knob)
+_NVFP4_ASM = True  # NVFP4 decode through inline PTX (D = 128, 8-byte-aligned scale rows); sweep knob
+# warps per attention program by KV mode (0 plain, 1 FP8, 2 NVFP4): 8 was as fast or faster
+# than 4 for all three at batch 1/8/64 on the H200 (benchmarks/runs/run6_sweep.log)
+_WARPS = {0: 8, 1: 8, 2: 8}
+# Merge the split-K partials in the last split's program instead of a second launch. Off:
+# the last program reads the NS partials one L2 round trip after another, which cost ~3 us
+# more than the merge launch at batch 1-8 (run6); kept as a sweep knob.
+_FUSE_MERGE = False
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# programmatic dependent launch: on by default on sm_90+ (SGLANG_M3_PDL=0 turns it off)
+_PDL = os.environ.get("SGLANG_M3_PDL", "1") != "0"
+
+
+def _use_pdl(device) -> bool:
+    if not _PDL or _INTERPRET or device.type != "cuda":
+        return False
+    import torch as _torch
+
+    return _torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def _gdc_wait(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _gdc_launch_dependents(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+# One call decodes 4 packed NVFP4 bytes: $4 holds bytes b0..b3 (element k in byte k), $5..$8
+# the 8 e4m3 block scales of each element's row as one int64, $9..$12 which of those 8 bytes
+# is each element's scale. Outputs (fp16 pairs): $0 = lo(b0, b1), $1 = lo(b2, b3),
+# $2 = hi(b0, b1), $3 = hi(b2, b3); lo/hi = low/high nibble decoded as e2m1 * 2^-14 * scale.
+# Nibble s.ab.c -> fp16 bits: magnitude (abc) << 9 lands in exponent/mantissa so that
+# fp16(m << 9) = e2m1(m) * 2^-14 (m = 1 is the subnormal 2^-15); sign bit 3 -> bit 15.
+_NVFP4_PAIR = """
+prmt.b32 x, $4, 0, {sel};
+shl.b32 a, x, 9;  and.b32 a, a, 0x0E000E00;
+shl.b32 b, x, 12; and.b32 b, b, 0x80008000;
+or.b32 lo, a, b;
+shl.b32 a, x, 5;  and.b32 a, a, 0x0E000E00;
+shl.b32 b, x, 8;  and.b32 b, b, 0x80008000;
+or.b32 hi, a, b;
+mov.b64 {{sl, sh}}, ${s0}; prmt.b32 t0, sl, sh, ${g0};
+mov.b64 {{sl, sh}}, ${s1}; prmt.b32 t1, sl, sh, ${g1};
+prmt.b32 s, t0, t1, 0x0040;
+mov.b32 {{s16, s16h}}, s;
+cvt.rn.f16x2.e4m3x2 sc, s16;
+mul.f16x2 ${olo}, lo, sc;
+mul.f16x2 ${ohi}, hi, sc;
+"""
+_NVFP4_DECODE_ASM = tl.constexpr(
+    "{\n.reg .b32 x, a, b, lo, hi, t0, t1, s, sl, sh, sc;\n.reg .b16 s16, s16h;\n"
+    + _NVFP4_PAIR.format(sel="0x4140", s0=5, s1=6, g0=9, g1=10, olo=0, ohi=2)
+    + _NVFP4_PAIR.format(sel="0x4342", s0=7, s1=8, g0=11, g1=12, olo=1, ohi=3)
+    + "}"
+)
 
 
 @triton.jit
@@ -141,15 +215,31 @@ def _load_page(
 
 
 @triton.jit
-def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live, DIM: tl.constexpr):
+def _load_nvfp4_halves(
+    ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, stride_sh, live, DIM: tl.constexpr, ASM: tl.constexpr
+):
     """NVFP4 page as (even elements, odd elements), each ``[BS, DIM // 2]`` fp16 x 2^-14.
 
     Byte i holds elements 2i (low nibble) and 2i+1 (high nibble): splitting the dot into
     even and odd halves needs no nibble interleaving, so the packed bytes load as one
     contiguous 16-byte-vectorised tile. Element pair i shares the scale of block i // 8.
+    ASM: ``sc_ptr`` is the scale tensor viewed as int64 (one per row of 8 block scales,
+    strides in int64 units) and the decode is ``_NVFP4_DECODE_ASM``.
     """
     i = tl.arange(0, DIM // 2)[None, :]
     packed = tl.load(ptr + slots[:, None].to(tl.int64) * stride_t + head * stride_h + i, mask=live, other=0)
+    if ASM:
+        sc_row = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh, mask=live, other=0)
+        sel = (i // 8).to(tl.int32)  # byte i's block scale is byte i // 8 of the row's int64
+        lo, hi = tl.inline_asm_elementwise(
+            _NVFP4_DECODE_ASM,
+            "=r,=r,=r,=r,r,l,l,l,l,r,r,r,r",
+            [packed, sc_row, sel],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=4,
+        )
+        return lo, hi
     packed = packed.to(tl.int32)
     sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + i // 8, mask=live, other=0.0).to(
         tl.float16
@@ -158,6 +248,59 @@ def _load_nvfp4_halves(ptr, sc_ptr, slots, head, stride_t, stride_h, stride_st, 
     lo = (((packed & 7) << 9) | ((packed & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
     hi = (((packed & 0x70) << 5) | ((packed & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
     return lo * sc, hi * sc
+
+
+@triton.jit
+def _merge_partials(
+    o_part_ptr,
+    lse_ptr,
+    out_ptr,
+    r,
+    heads,
+    h_ok,
+    v_scale,
+    stride_os,
+    stride_or,
+    stride_oh,
+    stride_ls,
+    stride_lr,
+    stride_r,
+    stride_h,
+    NS: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """out[r, heads] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse): the NS split partials."""
+    r64 = r.to(tl.int64)
+    sp = tl.arange(0, NS)
+    # .cg: the partials were written by other programs (other SMs); read them from L2
+    lse = tl.load(
+        lse_ptr + sp[:, None] * stride_ls + r64 * stride_lr + heads[None, :],
+        mask=h_ok[None, :],
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )  # [NS, BLOCK_G], base 2
+    mx = tl.max(lse, axis=0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    wsum = tl.sum(tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - mx[None, :])), axis=0)
+    dv = tl.arange(0, DV)[None, :]
+    acc = tl.zeros((BLOCK_G, DV), tl.float32)
+    for s in range(NS):
+        ls = tl.load(
+            lse_ptr + s * stride_ls + r64 * stride_lr + heads, mask=h_ok, other=float("-inf"), cache_modifier=".cg"
+        )
+        w = tl.where(ls == float("-inf"), 0.0, tl.math.exp2(ls - mx))
+        o = tl.load(
+            o_part_ptr + s * stride_os + r64 * stride_or + heads[:, None] * stride_oh + dv,
+            mask=h_ok[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        acc += o * w[:, None]
+    o = acc / tl.maximum(wsum, 1e-30)[:, None] * v_scale
+    tl.store(
+        out_ptr + r64 * stride_r + heads[:, None] * stride_h + dv, o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None]
+    )
 
 
 @triton.jit
@@ -173,6 +316,8 @@ def _msa_attn_kernel(
     bid_ptr,
     o_ptr,
     lse_ptr,
+    out_ptr,
+    cnt_ptr,
     qk_scale,
     v_scale,
     stride_qr,
@@ -193,6 +338,8 @@ def _msa_attn_kernel(
     stride_oh,
     stride_ls,
     stride_lr,
+    stride_out_r,
+    stride_out_h,
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
     D: tl.constexpr,
@@ -204,6 +351,9 @@ def _msa_attn_kernel(
     NS: tl.constexpr,
     F32: tl.constexpr,
     EO: tl.constexpr,
+    ASM: tl.constexpr,
+    FUSE_MERGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     r = tl.program_id(0)
     g = tl.program_id(1)
@@ -213,13 +363,15 @@ def _msa_attn_kernel(
     # decodes natively to fp16; bf16 q converts to fp16 exactly for |q| in [2^-14, 65504],
     # which normed q always is); bf16 otherwise
     CDT: tl.constexpr = tl.float32 if F32 else (tl.float16 if MODE != 0 else tl.bfloat16)
+    hg = tl.arange(0, BLOCK_G)
+    heads = g * G + hg
+    h_ok = hg < G
+    j = tl.arange(0, BS)
+    _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + r).to(tl.int64)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
     q_blk = pos // BS
     # -- the group's query heads: [BLOCK_G, D] ------------------------------------------
-    hg = tl.arange(0, BLOCK_G)
-    heads = g * G + hg
-    h_ok = hg < G
     q_row = q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh
     if EO:  # NVFP4 even/odd split: q's even and odd columns, [BLOCK_G, D // 2] each
         q_e = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
@@ -229,7 +381,6 @@ def _msa_attn_kernel(
     else:
         q = tl.load(q_row + tl.arange(0, D)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
         acc = tl.zeros((BLOCK_G, DV), tl.float32)
-    j = tl.arange(0, BS)
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_G,), tl.float32)
     if SPARSE:
@@ -248,7 +399,7 @@ def _msa_attn_kernel(
         # -- load + dequantise K, scores in base 2 --------------------------------------
         if EO:
             k_lo, k_hi = _load_nvfp4_halves(
-                k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D
+                k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, ASM
             )
             s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
         else:
@@ -266,7 +417,7 @@ def _msa_attn_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if EO:
             v_lo, v_hi = _load_nvfp4_halves(
-                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV
+                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, ASM
             )
             acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
             acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
@@ -277,6 +428,7 @@ def _msa_attn_kernel(
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
         m_i = m_new
+    _gdc_launch_dependents(PDL)
     # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_base = o_ptr + split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh
@@ -291,6 +443,32 @@ def _msa_attn_kernel(
     if NS > 1:
         lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
         tl.store(lse_ptr + split * stride_ls + r.to(tl.int64) * stride_lr + heads, lse, mask=h_ok)
+        if FUSE_MERGE:
+            # -- the last of the NS splits of (r, g) to finish merges them ----------------
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            cnt = cnt_ptr + r * tl.num_programs(1) + g
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == NS - 1:
+                _merge_partials(
+                    o_ptr,
+                    lse_ptr,
+                    out_ptr,
+                    r,
+                    heads,
+                    h_ok,
+                    v_scale,
+                    stride_os,
+                    stride_or,
+                    stride_oh,
+                    stride_ls,
+                    stride_lr,
+                    stride_out_r,
+                    stride_out_h,
+                    NS,
+                    DV,
+                    BLOCK_G,
+                )
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
@@ -308,10 +486,12 @@ def _merge_kernel(
     stride_h,
     NS: tl.constexpr,
     DV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, NS)
+    _gdc_wait(PDL)
     lse = tl.load(lse_ptr + sp * stride_ls + r.to(tl.int64) * stride_lr + h)  # [NS], base 2
     mx = tl.max(lse)
     w = tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)))
@@ -413,6 +593,10 @@ def msa_attention(
     while ns < max_splits and R * hkv * ns < 264:
         ns *= 2
     f32 = q.dtype == torch.float32
+    eo = mode == 2 and _NVFP4_EVEN_ODD and not f32
+    asm = eo and _NVFP4_ASM and not _INTERPRET and _nvfp4_asm_ok(D, dv, k_scales, v_scales)
+    fuse = ns > 1 and _FUSE_MERGE
+    pdl = _use_pdl(q.device)
     if ns == 1:
         o_buf, lse = out, out  # final output written directly; lse unused
         o_strides = (0, out.stride(0), out.stride(1))
@@ -422,11 +606,16 @@ def msa_attention(
         lse = torch.empty((ns, R, Hq), dtype=torch.float32, device=q.device)
         o_strides = (o_buf.stride(0), o_buf.stride(1), o_buf.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
-    ks = k_scales if mode == 2 else k_cache
-    vs = v_scales if mode == 2 else v_cache
+    cnt = counters(q.device, "msa_attention", R * hkv) if fuse else lse
+    if mode == 2 and asm:  # scale rows as one int64 each: strides in int64 units
+        ks, vs = k_scales.view(torch.int64), v_scales.view(torch.int64)
+    else:
+        ks = k_scales if mode == 2 else k_cache
+        vs = v_scales if mode == 2 else v_cache
     bid = block_ids if block_ids is not None else row_req
     k_mult = k_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     v_mult = v_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
+    launch = dict(launch_pdl=True) if pdl else {}
     _msa_attn_kernel[(R, hkv, ns)](
         q,
         k_cache,
@@ -439,6 +628,8 @@ def msa_attention(
         bid,
         o_buf,
         lse,
+        out,
+        cnt,
         float(scale * k_mult * _LOG2E),
         float(v_mult),
         q.stride(0),
@@ -456,6 +647,8 @@ def msa_attention(
         bid.stride(1) if block_ids is not None else 0,
         *o_strides,
         *lse_strides,
+        out.stride(0),
+        out.stride(1),
         G=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=D,
@@ -466,10 +659,14 @@ def msa_attention(
         TOPK=topk,
         NS=ns,
         F32=f32,
-        EO=mode == 2 and _NVFP4_EVEN_ODD and not f32,
-        num_warps=8 if f32 else 4,
+        EO=eo,
+        ASM=asm,
+        FUSE_MERGE=fuse,
+        PDL=pdl,
+        num_warps=8 if f32 else _WARPS[mode],
+        **launch,
     )
-    if ns > 1:
+    if ns > 1 and not fuse:
         _merge_kernel[(R, Hq)](
             o_buf,
             lse,
@@ -481,9 +678,21 @@ def msa_attention(
             out.stride(1),
             NS=ns,
             DV=dv,
+            PDL=pdl,
             num_warps=4,
+            **launch,
         )
     return out
+
+
+def _nvfp4_asm_ok(d, dv, k_scales, v_scales) -> bool:
+    """The inline-PTX decode reads each head row's 8 block scales as one aligned int64."""
+    if d != 128 or dv != 128:
+        return False
+    for sc in (k_scales, v_scales):
+        if sc.stride(2) != 1 or sc.stride(0) % 8 or sc.stride(1) % 8 or sc.data_ptr() % 8:
+            return False
+    return True
 
 
 def _check_page_args(page_table, row_req, row_pos, num_rows):

@@ -35,3 +35,31 @@ def rows_by_request(row_req: torch.Tensor):
     """
     for req in torch.unique(row_req).tolist():
         yield req, torch.nonzero(row_req == req, as_tuple=False).flatten()
+
+
+_COUNTERS: dict[tuple[str, str], torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # replaced buffers stay alive: a captured CUDA graph may still use them
+
+
+def counters(device: torch.device, name: str, n: int) -> torch.Tensor:
+    """``>= n`` zeroed int32 ticket counters for the kernels' last-program-finishes pattern.
+
+    A kernel that takes tickets leaves every counter it used at 0 when it finishes (the
+    program that draws the last ticket resets it), so one cached buffer per (device, name)
+    serves every later launch, eager or CUDA-graph replay, with no memset. Launches on the
+    same stream are ordered, which is how the model runs its layers; kernels of one name
+    must not run concurrently on two streams. Called while a graph is being captured with
+    no large-enough buffer cached, it returns a fresh zeroed buffer (a memset node in that
+    graph) and caches nothing.
+    """
+    key = (str(device), name)
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(1024, 1 << max(0, n - 1).bit_length())
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    if buf is not None:
+        _RETIRED.append(buf)
+    _COUNTERS[key] = buf = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf

@@ -35,6 +35,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 import traceback
 
 import torch
@@ -155,7 +156,7 @@ def _time(run, iters, flush):
     return statistics.median(times)
 
 
-def bench_case(p, ours, up, iters, flush):
+def bench_case(p, ours, up, iters, flush, up_verify=True, time_ours=True):
     kvq, msa_topk, msa_attention = ours
     ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
     recs = []
@@ -168,16 +169,17 @@ def bench_case(p, ours, up, iters, flush):
                 dtype=p.dtype,
                 batch=p.batch,
                 context=p.ctx,
-                ours_us=round(ours_us, 2),
+                ours_us=None if ours_us is None else round(ours_us, 2),
                 upstream_us=None if up_us is None else round(up_us, 2),
                 floor_us=round(floor, 2),
-                ours_over_floor=round(ours_us / floor, 2),
-                speedup_vs_upstream=None if up_us is None else round(up_us / ours_us, 2),
+                ours_over_floor=None if ours_us is None else round(ours_us / floor, 2),
+                speedup_vs_upstream=None if up_us is None or ours_us is None else round(up_us / ours_us, 2),
                 note=note,
             )
         )
         print(
-            f"{kernel:9s} {p.dtype:5s} b={p.batch:<3d} ctx={p.ctx:<7d} ours {ours_us:8.1f} us  "
+            f"{kernel:9s} {p.dtype:5s} b={p.batch:<3d} ctx={p.ctx:<7d} "
+            f"ours {'-' if ours_us is None else f'{ours_us:8.1f}'} us  "
             f"upstream {'-' if up_us is None else f'{up_us:8.1f}'} us  floor {floor:7.1f} us  {note}",
             flush=True,
         )
@@ -201,9 +203,9 @@ def bench_case(p, ours, up, iters, flush):
                 q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK, scale=SCALE, **ks
             )
 
-        t_full = time_graph(full, iters, flush)
+        t_full = time_graph(full, iters, flush) if time_ours else None
         up_full = note = None
-        if up is not None and p.dtype != "nvfp4":
+        if up is not None and p.dtype != "nvfp4" and (mode == "decode" or up_verify):
             try:
                 up_full, note = _upstream_full(up, p, mode, iters, flush)
             except Exception as err:  # noqa: BLE001
@@ -211,7 +213,8 @@ def bench_case(p, ours, up, iters, flush):
                 traceback.print_exc()
         rec(mode, 1 if mode == "decode" else 4, t_full, up_full, note or "")
         if mode == "decode":
-            t_idx, t_att = time_graph(indexer, iters, flush), time_graph(attention, iters, flush)
+            t_idx = time_graph(indexer, iters, flush) if time_ours else None
+            t_att = time_graph(attention, iters, flush) if time_ours else None
             up_idx = up_att = None
             if up is not None and p.dtype != "nvfp4":
                 try:
@@ -337,11 +340,14 @@ def write_outputs(records, out_dir, argv):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
-        up = "-" if r["upstream_us"] is None else r["upstream_us"]
-        sp = "-" if r["speedup_vs_upstream"] is None else r["speedup_vs_upstream"]
+        cell = {
+            k: "-" if r[k] is None else r[k]
+            for k in ("ours_us", "upstream_us", "ours_over_floor", "speedup_vs_upstream")
+        }
         lines.append(
-            f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['context']} | {r['ours_us']} | {up} | "
-            f"{r['floor_us']} | {r['ours_over_floor']} | {sp} | {r['note']} |"
+            f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['context']} | {cell['ours_us']} | "
+            f"{cell['upstream_us']} | {r['floor_us']} | {cell['ours_over_floor']} | {cell['speedup_vs_upstream']} | "
+            f"{r['note']} |"
         )
     (out_dir / "kernels.md").write_text("\n".join(lines) + "\n")
 
@@ -355,7 +361,11 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-gib", type=float, default=60.0, help="skip cases whose caches exceed this")
     ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--no-upstream-verify", action="store_true", help="skip upstream's (slow) extend path for verify")
+    ap.add_argument("--only-upstream", action="store_true", help="time upstream's kernels only")
+    ap.add_argument("--deadline", type=float, default=0, help="start no new case after this many seconds")
     args = ap.parse_args()
+    t0 = time.time()
     ours = _kernels()
     up = None if args.no_upstream else _upstream()
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
@@ -371,8 +381,14 @@ def main():
         if gib > args.max_gib:
             print(f"skip {dtype} b={batch} ctx={ctx}: {gib:.0f} GiB")
             continue
+        if args.deadline and time.time() - t0 > args.deadline:
+            print(f"deadline: not run {dtype} b={batch} ctx={ctx}")
+            continue
         p = Problem(ours[0], dtype, batch, ctx)
-        records += bench_case(p, ours, up, args.iters, flush)
+        records += bench_case(
+            p, ours, up, args.iters, flush, up_verify=not args.no_upstream_verify, time_ours=not args.only_upstream
+        )
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
         del p
         torch.cuda.empty_cache()
         for out in (args.out, os.environ.get("OUT")):  # $OUT: the device tool's return folder

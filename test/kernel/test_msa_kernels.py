@@ -219,3 +219,59 @@ def test_bad_inputs_raise_value_error():
         )
     with pytest.raises(ValueError, match="slots, 128"):
         msa_topk(q[:, :1], kc[:, 0, :64], pt, rows, rows, block_size=128, topk=16, local_blocks=1)
+
+
+@pytest.mark.parametrize("verify", [(), (0, 1, 2, 3, 4)])
+@pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
+def test_fused_select_equals_two_launch_path(monkeypatch, verify, kdtype):
+    """Last-program-selects (one launch) vs score + select kernels: identical ids, also on replay."""
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    lens = [300, 2100, 5000, 9000, 128 * 16 + 1]
+    pt, rr, rp, slots = make_batch(lens, 128, verify=verify, seed=11)
+    g = torch.Generator(device=DEV).manual_seed(11)
+    iq = torch.randn(len(rr), 1, 128, device=DEV, generator=g).to(torch.bfloat16)
+    ik = torch.randn(slots, 128, device=DEV, generator=g)
+    ik = kq.fp8_quantize_ref(ik, 0.5) if kdtype == "fp8" else ik.to(torch.bfloat16)
+    kw = dict(block_size=128, topk=16, local_blocks=1, k_scale=0.5 if kdtype == "fp8" else 1.0)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 0)
+    want = msa_topk(iq, ik, pt, rr, rp, **kw)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_TILE_ROWS", 1 << 20)
+    out = torch.full_like(want, -7)
+    graph = torch.cuda.CUDAGraph()
+    msa_topk(iq, ik, pt, rr, rp, out=out, **kw)  # compile outside capture
+    assert torch.equal(out, want)
+    with torch.cuda.graph(graph):
+        msa_topk(iq, ik, pt, rr, rp, out=out, **kw)
+    for _ in range(3):  # counters must be back at zero after every replay
+        out.fill_(-7)
+        graph.replay()
+        assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "nvfp4"])
+def test_fused_merge_and_nvfp4_decode_variants_agree(monkeypatch, kind):
+    """Fused split merge vs the merge launch; NVFP4 inline-PTX decode vs the Triton decode."""
+    import sglang_m3_kernels.msa_sparse_attn as ma
+
+    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=13)
+    g = torch.Generator(device=DEV).manual_seed(13)
+    q = torch.randn(len(rr), hkv * group, 128, device=DEV, generator=g).to(torch.bfloat16)
+    (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
+    (vc, vs, vsc), vview = make_cache(kind, slots, hkv, 128, g)
+    iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g)
+    bids = msa_topk_ref(iq, kview[:, 0], pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
+    kw = dict(block_size=block, scale=128**-0.5, k_scale=ks, v_scale=vs, k_scales=ksc, v_scales=vsc)
+    ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, bids, block_size=block, scale=128**-0.5)
+    outs = []
+    for fuse, asm, warps in ((False, False, 4), (True, False, 4), (True, True, 4), (True, True, 8)):
+        monkeypatch.setattr(ma, "_FUSE_MERGE", fuse)
+        monkeypatch.setattr(ma, "_NVFP4_ASM", asm)
+        monkeypatch.setattr(ma, "_WARPS", {0: warps, 1: warps, 2: warps})
+        got = msa_attention(q, kc, vc, pt, rr, rp, bids, **kw)
+        torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
+        outs.append(got.float())
+    for o in outs[1:]:  # same dots, only the merge's summation order differs
+        torch.testing.assert_close(o, outs[0], atol=2.0**-8, rtol=0)

@@ -114,3 +114,26 @@ def test_select_kernel_chunked_matches_reference(num_chunks):
         nb = int(pos[r]) // BS + 1
         want = mt._select(scores[r : r + 1, :, :nb], pos[r : r + 1], block_size=BS, topk=TOPK, local_blocks=1)
         assert torch.equal(args[2][r].cpu(), want[0]), r
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_select_fused_or_not_and_merge_launch(monkeypatch, fuse):
+    """Both selection paths (last score program selects / separate select launch) and both merges."""
+    import sglang_m3_kernels.msa_index_topk as mt
+    import sglang_m3_kernels.msa_sparse_attn as ma
+
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20 if fuse else 0)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_TILE_ROWS", 1 << 20)
+    monkeypatch.setattr(ma, "_FUSE_MERGE", fuse)
+    g, pt, rr, rp = _batch(5)
+    iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
+    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
+    for _ in range(2):  # the counters must be back at zero for the second launch
+        got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1)
+        assert torch.equal(got, msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
+    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
+    out = msa_attention(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
+    ref = msa_attention_ref(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
