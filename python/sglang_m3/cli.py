@@ -4,7 +4,8 @@
 a batch through stock ``sglang.Engine`` with this plugin: a short prompt and one
 past the sparse-attention threshold, on CUDA when present, else CPU.
 ``sglang-m3 tiny-path`` prints the cached checkpoint's path (for
-``python -m sglang.launch_server --model-path ...``).
+``python -m sglang.launch_server --model-path ...``); ``sglang-m3 draft-path`` prints the
+cached tiny EAGLE3 draft's path (``--speculative-draft-model-path``).
 """
 
 from __future__ import annotations
@@ -65,9 +66,16 @@ def main(argv=None) -> int:
     for s in (d, p):
         s.add_argument("--name", default="m3-tiny", choices=sorted(TINY_CONFIGS))
         s.add_argument("--variant", default="vl", choices=["vl", "text"])
+    dp = sub.add_parser("draft-path", help="print the cached tiny EAGLE3 draft path (building it on first use)")
+    dp.add_argument("--name", default="m3-tiny")
     args = parser.parse_args(argv)
     if args.cmd == "demo":
         return demo(args)
+    if args.cmd == "draft-path":
+        from .tiny.draft import default_draft
+
+        print(default_draft(args.name))
+        return 0
     from .tiny import default_checkpoint
 
     print(default_checkpoint(args.name, args.variant))

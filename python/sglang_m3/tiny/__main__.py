@@ -1,4 +1,5 @@
-"""``python -m sglang_m3.tiny build DIR [--name N] [--variant vl|text] [--seed S]``, or ``path [--name N]``."""
+"""``python -m sglang_m3.tiny build DIR [--name N] [--variant vl|text] [--seed S]``, ``path [--name N]``,
+``build-draft DIR [--target TARGET_DIR] [--seed S]`` or ``draft-path [--name N]``."""
 
 from __future__ import annotations
 
@@ -18,11 +19,25 @@ def main(argv=None) -> None:
         p.add_argument("--name", default="m3-tiny", choices=sorted(TINY_CONFIGS))
         p.add_argument("--variant", default="vl", choices=["vl", "text"])
     build.add_argument("--seed", type=int, default=0)
+    build_draft = sub.add_parser("build-draft", help="distil a tiny EAGLE3 draft for a tiny M3 into DIR")
+    build_draft.add_argument("dir")
+    build_draft.add_argument("--target", help="the tiny M3 checkpoint (default: the cached m3-tiny)")
+    build_draft.add_argument("--seed", type=int, default=0)
+    draft_path = sub.add_parser("draft-path", help="print the cached draft's path, building it on first use")
+    draft_path.add_argument("--name", default="m3-tiny")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         print(build_checkpoint(args.dir, args.name, args.variant, args.seed))
-    else:
+    elif args.cmd == "path":
         print(default_checkpoint(args.name, args.variant))
+    elif args.cmd == "build-draft":
+        from .draft import build_draft as build_draft_fn
+
+        print(build_draft_fn(args.dir, args.target or default_checkpoint("m3-tiny", "vl"), args.seed))
+    else:
+        from .draft import default_draft
+
+        print(default_draft(args.name))
 
 
 if __name__ == "__main__":
