@@ -136,6 +136,71 @@ class M3Config:
         )
 
 
+@dataclass(frozen=True)
+class DraftConfig:
+    """The parts of an EAGLE3 draft checkpoint the target side must know (DESIGN section 7).
+
+    The draft's KV rows live in the target's pool (layer ids after the target's), so
+    its head_dim must be the target's; its hidden size must match for the fused
+    aux hidden states and the shared embedding.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    aux_layer_ids: tuple[int, ...] | None  # ``eagle_aux_hidden_state_layer_ids``: layer *outputs*
+
+    @classmethod
+    def from_path(cls, path: str, target: "M3Config") -> "DraftConfig":
+        import json
+        import os
+
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise M3ConfigError(f"--speculative-draft-model-path={path!r}: no config.json there")
+        with open(cfg_file) as f:
+            d = json.load(f)
+        arch = (d.get("architectures") or ["?"])[0]
+        if arch != "LlamaForCausalLMEagle3":
+            raise M3ConfigError(f"draft architectures[0]={arch!r}: sglang-m3 serves LlamaForCausalLMEagle3 drafts")
+        heads = _req(d, "num_attention_heads")
+        head_dim = d.get("head_dim") or _req(d, "hidden_size") // heads
+        for field, value, want in (
+            ("head_dim", head_dim, target.head_dim),
+            ("hidden_size", d["hidden_size"], target.hidden_size),
+        ):
+            if value != want:
+                raise M3ConfigError(f"draft {field}={value}: must equal the target's {want}")
+        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise M3ConfigError(f"draft rope_scaling={rope!r}: sglang-m3's draft supports plain RoPE only")
+        if d.get("num_hidden_layers") != 1:
+            raise M3ConfigError(
+                f"draft num_hidden_layers={d.get('num_hidden_layers')}: sglang-m3 serves 1-layer drafts"
+            )
+        ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        aux_capture_inputs(ids, target.num_layers)  # refuses ids the target does not have
+        return cls(
+            num_layers=_req(d, "num_hidden_layers"),
+            num_kv_heads=d.get("num_key_value_heads", heads),
+            aux_layer_ids=tuple(ids) if ids is not None else None,
+        )
+
+
+def aux_capture_inputs(layer_ids, num_layers: int) -> tuple[int, ...]:
+    """Target layers whose *input* EAGLE3 captures, in the draft's order.
+
+    The draft config names layer *outputs* ``l`` (default ``(2, N // 2, N - 3)``); the
+    output of layer ``l`` is the input of layer ``l + 1``: output -1 is the embeddings,
+    output ``N - 1`` the final pre-norm hidden state (index ``N``). Released M3 (N = 60):
+    (3, 31, 58). An off-by-one here silently costs acceptance (DESIGN section 7).
+    """
+    outputs = (2, num_layers // 2, num_layers - 3) if layer_ids is None else tuple(int(i) for i in layer_ids)
+    bad = [i for i in outputs if not -1 <= i < num_layers]
+    if bad:
+        raise M3ConfigError(f"eagle_aux_hidden_state_layer_ids {bad}: outputs of layers -1..{num_layers - 1} only")
+    return tuple(i + 1 for i in outputs)
+
+
 def is_m3_config(hf_config: Any) -> bool:
     try:
         return _architecture(hf_config) in M3_ARCHITECTURES

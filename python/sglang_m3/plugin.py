@@ -3,7 +3,8 @@
 ``register()`` runs in every SGLang process (launcher, Engine, scheduler,
 detokenizer) and is idempotent. Registries changed directly:
 
-* ``ModelRegistry.models``: both released M3 architecture names -> our model.
+* ``ModelRegistry.models``: both released M3 architecture names -> our model;
+  a private name for our EAGLE3 draft class (the chain worker selects it).
 * ``ATTENTION_BACKENDS`` / ``ATTENTION_BACKEND_CHOICES``: the ``m3_msa`` backend.
 * ``arg_groups.overrides._MODEL_OVERRIDE_FNS``: M3's server-arg declarations
   (backend, page size, refusals) replace SGLang's M3 provider.
@@ -15,10 +16,19 @@ architecture name inside these functions):
   backend into its own MiniMax hybrid backend; ours is returned unwrapped.
 * ``KVCacheConfigurator._build_minimax_sparse_kv_pool`` (REPLACE): our pool,
   built from the parsed config (SGLang's reads only the released spelling).
-* ``DefaultPoolConfigurator._compute_cell_size`` (AROUND): the exact M3
-  bytes/token for the memory budget.
+* ``DefaultPoolConfigurator.__init__`` (AFTER): the exact M3 bytes/token for
+  the memory budget, EAGLE3 draft layers included (SGLang's own draft term scales
+  the target's per-layer average, which undercounts an FP8 draft beside NVFP4
+  sparse layers).
+* ``KVCacheConfigurator._init_pools`` (AROUND): the EAGLE3 draft runner gets a
+  view of the target's M3 pool (its layers live there, DESIGN section 6)
+  instead of a pool of its own.
+* ``SpeculativeAlgorithm.create_worker`` (AROUND): ``EAGLE3`` is a reserved
+  built-in name; for M3 targets it builds our chain worker
+  (``spec/worker.py``), so users keep the standard flags.
 * ``PagedTokenToKVPoolAllocator.alloc_extend/alloc_decode``,
-  ``mem_cache.allocation.get_last_loc`` and ``utils.common.support_triton``
+  ``mem_cache.allocation.get_last_loc`` / ``assign_req_to_token_pool_func``
+  (speculative slot reservation) and ``utils.common.support_triton``
   (AROUND): torch paths on CPU, where SGLang's Triton bookkeeping kernels cannot
   run; SGLang picks them by attention-backend name, and only ``torch_native`` /
   ``intel_amx`` are known to it as Triton-free.
@@ -58,10 +68,12 @@ def register() -> None:
         add_attention_backend_choices,
     )
 
+    from .model.eagle3 import DRAFT_ARCH, M3Eagle3Draft
     from .model.minimax_m3 import EntryClass
     from .server_args import m3_server_overrides
 
     ModelRegistry.models.update({cls.__name__: cls for cls in EntryClass})
+    ModelRegistry.models[DRAFT_ARCH] = M3Eagle3Draft
     ATTENTION_BACKENDS[BACKEND_NAME] = _create_backend
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
@@ -75,11 +87,9 @@ def register() -> None:
             _build_kv_pool,
             HookType.REPLACE,
         ),
-        (
-            "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
-            _cell_size,
-            HookType.AROUND,
-        ),
+        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", _cell_size, HookType.AFTER),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._init_pools", _draft_pools, HookType.AROUND),
+        ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _spec_worker, HookType.AROUND),
         (
             "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend",
             _alloc_extend,
@@ -91,6 +101,7 @@ def register() -> None:
             HookType.AROUND,
         ),
         ("sglang.srt.mem_cache.allocation.get_last_loc", _get_last_loc, HookType.AROUND),
+        ("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", _assign_req_to_token, HookType.AROUND),
         ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
         ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
         ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
@@ -134,13 +145,43 @@ def _build_kv_pool(self, *, max_total_num_tokens: int):
     return build_kv_pool(self, max_total_num_tokens)
 
 
-def _cell_size(original, self, kvc, num_layers: int) -> int:
-    if not is_m3_config(kvc.model_config.hf_config):
-        return original(self, kvc, num_layers)
+def _cell_size(result, self, kvc) -> None:
+    if kvc.is_draft_worker or not is_m3_config(kvc.model_config.hf_config):
+        return
+    from .mem.kv_pool import draft_kv_heads
     from .mem.layout import bytes_per_token, layout_for
 
+    cfg = M3Config.from_hf(kvc.model_config.hf_config)
     layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
-    return bytes_per_token(M3Config.from_hf(kvc.model_config.hf_config), layout)["total"]
+    self._cell_size = bytes_per_token(cfg, layout, draft_kv_heads(kvc.server_args, cfg))["total"]
+
+
+def _draft_pools(original, self, *, sizes, req_to_token_pool, token_to_kv_pool_allocator):
+    from .mem.kv_pool import M3KVPool
+
+    target_pool = token_to_kv_pool_allocator.get_kvcache() if token_to_kv_pool_allocator is not None else None
+    if not (self.is_draft_worker and isinstance(target_pool, M3KVPool)):
+        return original(
+            self,
+            sizes=sizes,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
+    from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
+
+    return _InitializedPools(
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool=target_pool.draft_view(),
+        token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+    )
+
+
+def _spec_worker(original, self, server_args):
+    if not (self.is_eagle3() and is_m3_config(server_args.get_model_config().hf_config)):
+        return original(self, server_args)
+    from .spec.worker import M3Eagle3Worker
+
+    return M3Eagle3Worker
 
 
 def _alloc_extend(original, self, *args, **kwargs):
@@ -165,6 +206,14 @@ def _get_last_loc(original, req_to_token, req_pool_indices, prefix_lens):
     from sglang.srt.mem_cache.allocation import get_last_loc_torch
 
     return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+
+
+def _assign_req_to_token(original, req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
+    if req_to_token.device.type != "cpu":
+        return original(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)
+    from .mem.cpu_alloc import assign_req_to_token_cpu
+
+    assign_req_to_token_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc)
 
 
 def _support_triton(original, backend):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import M3Config, check_page_size
+from .config import DraftConfig, M3Config, check_page_size
 from .mem.layout import check_kv_cache_dtype
 
 # ServerArgs fills these in for CPU before model overrides run, so they are not the user's choice.
@@ -27,8 +27,31 @@ def m3_server_overrides(server_args: Any, hf_config: Any) -> dict:
     if server_args.tp_size != 1:
         raise ValueError(f"--tp-size={server_args.tp_size}: sglang-m3 serves MiniMax-M3 with tp_size=1 only (for now)")
     check_kv_cache_dtype(server_args.kv_cache_dtype)
+    declared = {"attention_backend": "m3_msa", "page_size": page_size}
     if server_args.speculative_algorithm is not None:
+        declared.update(_speculative_overrides(server_args, cfg))
+    return declared
+
+
+def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:
+    """EAGLE3 chain speculation (topk 1) through sglang-m3's worker; anything else is refused."""
+    algo = server_args.speculative_algorithm
+    if str(algo).upper() != "EAGLE3":
+        raise ValueError(f"--speculative-algorithm={algo!r}: sglang-m3 supports EAGLE3 (chain) only")
+    if server_args.speculative_eagle_topk not in (None, 1):
         raise ValueError(
-            f"--speculative-algorithm={server_args.speculative_algorithm!r}: not supported by sglang-m3 yet"
+            f"--speculative-eagle-topk={server_args.speculative_eagle_topk}: sglang-m3 drafts a chain (topk 1); "
+            "tree drafts are not supported"
         )
-    return {"attention_backend": "m3_msa", "page_size": page_size}
+    if not server_args.speculative_draft_model_path:
+        raise ValueError("--speculative-draft-model-path is required for EAGLE3 (an LlamaForCausalLMEagle3 draft)")
+    DraftConfig.from_path(server_args.speculative_draft_model_path, cfg)  # refuses an unusable draft
+    steps = server_args.speculative_num_steps
+    if steps is not None and steps < 1:
+        raise ValueError(f"--speculative-num-steps={steps}: must be >= 1")
+    if steps is not None and server_args.speculative_eagle_topk is None:
+        # SGLang 0.5.17 fills topk only when all three are unset; a bare step count crashes later.
+        raise ValueError(f"--speculative-num-steps={steps} needs --speculative-eagle-topk 1 too (chain drafting)")
+    # Unset step counts resolve to SGLang's chain default for this architecture (3 steps, topk 1,
+    # 4 draft tokens). The chain worker runs synchronously (no overlap scheduling yet).
+    return {"disable_overlap_schedule": True}

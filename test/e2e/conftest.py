@@ -17,12 +17,17 @@ ENGINE_ARGS = dict(
 
 
 @pytest.fixture(scope="package", autouse=True)
-def _no_triton_interpreter():
-    """test/kernel/conftest.py turns on Triton's CPU interpreter when collected; SGLang processes
-    started here must not inherit it (it would run SGLang's own Triton kernels on CPU and hide
-    a missing CPU path)."""
+def _triton_env():
+    """SGLang processes started here inherit this environment.
+
+    * No Triton interpreter: test/kernel/conftest.py turns it on when collected; here it would
+      run SGLang's own Triton kernels on CPU and hide a missing CPU path.
+    * IEEE fp32 dots: Triton's fp32 ``tl.dot`` defaults to TF32 on GPUs, which would break the
+      token-exact fp32 comparisons of the GPU tests (SGLang's fused MoE, our MSA kernels).
+    """
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)
+        mp.setenv("TRITON_F32_DEFAULT", "ieee")
         yield
 
 
@@ -61,12 +66,35 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def server_url(tiny_vl, tmp_path_factory):
-    """``python -m sglang.launch_server`` on the tiny checkpoint; yields the OpenAI root URL.
+def tiny_draft(tiny_vl):
+    """The embedded tiny EAGLE3 draft for ``m3-tiny`` (distilled from it, cached)."""
+    from sglang_m3.tiny.draft import default_draft
 
-    The server is started detached (double fork): ``Engine.shutdown()`` in other test
-    modules kills every child process of pytest, which would take a child server with it.
-    """
+    return default_draft("m3-tiny")
+
+
+# One chain shape for every speculative test: 3 draft tokens, 4 verify rows.
+SPEC_ARGS = dict(
+    speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4
+)
+
+
+@pytest.fixture(scope="session")
+def server_url(tiny_vl, tmp_path_factory):
+    """``python -m sglang.launch_server`` on the tiny checkpoint; yields the OpenAI root URL."""
+    yield from _serve(tiny_vl, tmp_path_factory, ["--enable-cache-report"])
+
+
+@pytest.fixture(scope="session")
+def spec_server_url(tiny_vl, tiny_draft, tmp_path_factory):
+    """The same, serving through sglang-m3's EAGLE3 chain worker with the tiny draft."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SPEC_ARGS.items()]
+    yield from _serve(tiny_vl, tmp_path_factory, [*flags, f"--speculative-draft-model-path={tiny_draft}"])
+
+
+def _serve(model, tmp_path_factory, extra: list[str]):
+    """Start a server detached (double fork): ``Engine.shutdown()`` in other test modules
+    kills every child process of pytest, which would take a child server with it."""
     import os
     import shlex
     import signal
@@ -82,7 +110,7 @@ def server_url(tiny_vl, tmp_path_factory):
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(tiny_vl),
+        str(model),
         "--host",
         "127.0.0.1",
         "--port",
@@ -94,10 +122,10 @@ def server_url(tiny_vl, tmp_path_factory):
         "--disable-cuda-graph",
         "--max-total-tokens",
         "8192",
-        "--enable-cache-report",
         "--sleep-on-idle",
         "--log-level",
         "warning",
+        *extra,
     ]
     launcher = f"setsid {shlex.join(cmd)} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"
     pid = int(subprocess.run(["sh", "-c", launcher], capture_output=True, text=True, check=True).stdout)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 LOGPROB_ATOL = 1e-4  # fp32 on both sides; only reduction order may differ
@@ -42,3 +44,14 @@ def run_per_kv_dtype(model_path, kv_dtypes, prompts, engine_args, new: int = NEW
         finally:
             engine.shutdown()
     return results
+
+
+def used_tokens_settle_to_zero(engine, timeout_s: float = 60.0) -> bool:
+    """Poll the scheduler's load snapshot (published periodically, so it may lag) until no KV slot is in use."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        load = engine.loop.run_until_complete(engine.tokenizer_manager.get_loads(include=["core"]))[0]
+        if load.num_used_tokens == 0 and load.num_running_reqs == 0:
+            return True
+        time.sleep(1.0)
+    return False

@@ -73,3 +73,18 @@ def test_acceptance_refuses_a_non_speculative_server(server_url, tmp_path):
     with pytest.raises(SystemExit) as err:
         acceptance.main(["--base-url", server_url, "--num-questions", "2", "--output", str(tmp_path / "a.json")])
     assert err.value.code not in (0, None)
+
+
+def test_acceptance_against_our_eagle3_server(spec_server_url, tmp_path):
+    out = tmp_path / "acceptance.json"
+    summary = acceptance.main(
+        ["--base-url", spec_server_url, "--num-questions", "4", "--parallel", "2", "--max-tokens", "48"]
+        + ["--output", str(out)]
+    )
+    assert summary["num_errors"] == 0 and summary["num_without_stats"] == 0
+    assert summary["num_draft_tokens"] == 3  # read from the server's speculative_num_steps
+    hist = summary["accepted_drafts_histogram"]
+    assert len(hist) == 4 and sum(hist) == summary["total_verify_steps"]
+    assert summary["mean_acceptance_length"] >= 1.0
+    assert summary["per_position_acceptance"] == sorted(summary["per_position_acceptance"], reverse=True)
+    assert out.exists() and (tmp_path / "acceptance.png").exists()

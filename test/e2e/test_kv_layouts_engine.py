@@ -10,28 +10,15 @@ MSA block choices at near-ties (seen: BF16 mean 0.033 / max 1.5, FP8 0.15 / 1.4,
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import sglang as sgl
 import torch
 
 from .conftest import ENGINE_ARGS, prompts_from
-from .parity_helpers import KV_ERROR_BOUNDS, engine_greedy, run_per_kv_dtype
+from .parity_helpers import KV_ERROR_BOUNDS, engine_greedy, run_per_kv_dtype, used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 NEW = 24
-
-
-def _used_tokens_settle_to_zero(engine, timeout_s: float = 60.0) -> bool:
-    """Poll the scheduler's load snapshot (published periodically, so it may lag) until no KV slot is in use."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        load = engine.loop.run_until_complete(engine.tokenizer_manager.get_loads(include=["core"]))[0]
-        if load.num_used_tokens == 0 and load.num_running_reqs == 0:
-            return True
-        time.sleep(1.0)
-    return False
 
 
 def _first_divergence(a, b):
@@ -91,6 +78,6 @@ def test_memory_pressure_outputs_and_no_leak(tiny_vl, corpus_ids):
         with pytest.raises(ValueError, match=r"Input length \(700 tokens\) exceeds"):  # can never fit: refused
             tight.generate(input_ids=[corpus_ids[:700]], sampling_params={"max_new_tokens": 4})
         tight.flush_cache()
-        assert _used_tokens_settle_to_zero(tight)  # every slot is free again: nothing leaked
+        assert used_tokens_settle_to_zero(tight)  # every slot is free again: nothing leaked
     finally:
         tight.shutdown()

@@ -83,3 +83,28 @@ def test_launch_server_exits_with_the_message(tiny_vl, tmp_path):
     )
     assert proc.returncode != 0
     assert "sparse_score_type='lse'" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        (dict(speculative_algorithm="NGRAM"), "--speculative-algorithm='NGRAM'"),
+        (dict(speculative_algorithm="EAGLE3"), "--speculative-draft-model-path is required"),
+        (
+            dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=2),
+            "--speculative-eagle-topk=2",
+        ),
+        (dict(speculative_algorithm="EAGLE3", speculative_num_steps=3), "needs --speculative-eagle-topk 1"),
+    ],
+)
+def test_speculative_refusals(tiny_vl, tiny_draft, spec, message):
+    if spec.get("speculative_algorithm") == "EAGLE3" and len(spec) > 1:
+        spec = dict(spec, speculative_draft_model_path=str(tiny_draft))
+    with pytest.raises(ValueError, match=message):
+        _engine(tiny_vl, **spec)
+
+
+def test_draft_with_a_foreign_head_dim(tiny_vl, tiny_draft, tmp_path):
+    bad = _variant(tiny_draft, tmp_path / "draft", lambda c: c.update(head_dim=16))
+    with pytest.raises(M3ConfigError, match="draft head_dim=16: must equal the target's 32"):
+        _engine(tiny_vl, speculative_algorithm="EAGLE3", speculative_draft_model_path=str(bad))

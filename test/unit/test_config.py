@@ -113,3 +113,55 @@ def test_page_size_follows_block_and_conflicts_are_refused(released):
     assert check_page_size(128, msa) == 128
     with pytest.raises(M3ConfigError, match="page_size=64 conflicts .*=128"):
         check_page_size(64, msa)
+
+
+def test_eagle3_aux_layers_follow_the_plus_one_convention(released):
+    from sglang_m3.config import aux_capture_inputs
+
+    # Default outputs (2, N/2, N-3) are captured as the inputs of layers (3, N/2+1, N-2).
+    assert aux_capture_inputs(None, M3Config.from_hf(released).num_layers) == (3, 31, 58)
+    assert aux_capture_inputs([0, 1, 2], 4) == (1, 2, 3)
+    assert aux_capture_inputs([3, 3], 4) == (4, 4)  # the last layer's output: the final pre-norm state
+    assert aux_capture_inputs([-1, 0], 4) == (0, 1)  # output -1 = the embeddings = input of layer 0
+    with pytest.raises(M3ConfigError, match=r"\[4\]"):
+        aux_capture_inputs([1, 4], 4)
+
+
+def _draft_dir(tmp_path, **changes):
+    d = dict(
+        architectures=["LlamaForCausalLMEagle3"],
+        hidden_size=6144,
+        num_attention_heads=48,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_hidden_layers=1,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 57]},
+    )
+    d.update(changes)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    return str(tmp_path)
+
+
+def test_draft_config_reads_the_pool_geometry(tmp_path, released):
+    from sglang_m3.config import DraftConfig
+
+    draft = DraftConfig.from_path(_draft_dir(tmp_path), M3Config.from_hf(released))
+    assert (draft.num_layers, draft.num_kv_heads, draft.aux_layer_ids) == (1, 4, (2, 30, 57))
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        (dict(head_dim=64), "head_dim=64"),
+        (dict(hidden_size=4096), "hidden_size=4096"),
+        (dict(num_hidden_layers=2), "num_hidden_layers=2"),
+        (dict(architectures=["LlamaForCausalLM"]), "architectures[0]='LlamaForCausalLM'"),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 60]}), "ids [60]"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),
+    ],
+)
+def test_draft_config_refusals_name_the_field(tmp_path, released, changes, field):
+    from sglang_m3.config import DraftConfig
+
+    with pytest.raises(M3ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        DraftConfig.from_path(_draft_dir(tmp_path, **changes), M3Config.from_hf(released))

@@ -46,3 +46,14 @@ def test_short_pool_returns_none_and_keeps_state():
     # no page left: a decode that needs none still works, one that needs a page gets None
     assert alloc_decode_cpu(a, torch.tensor([8]), torch.tensor([8]), full[-2:-1]) is not None
     assert alloc_decode_cpu(a, torch.tensor([9]), torch.tensor([9]), full[-1:]) is None
+
+
+def test_assign_req_to_token_cpu_writes_each_requests_range():
+    from sglang_m3.mem.cpu_alloc import assign_req_to_token_cpu
+
+    table = torch.full((4, 12), -1, dtype=torch.int32)
+    reqs, start, end = torch.tensor([2, 0]), torch.tensor([3, 0]), torch.tensor([6, 2])
+    slots = torch.tensor([40, 41, 42, 50, 51])
+    assign_req_to_token_cpu(reqs, table, start, end, slots)
+    assert table[2, 3:6].tolist() == [40, 41, 42] and table[0, :2].tolist() == [50, 51]
+    assert (table == -1).sum() == 48 - 5  # nothing else written

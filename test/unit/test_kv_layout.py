@@ -73,3 +73,20 @@ def test_pool_round_trip_and_budget(kv_dtype):
     pool.set_index_k_buffer(_Layer(1), loc, ik)
     tol = 0 if layout.index == "plain" else 0.07  # FP8 e4m3: 3 mantissa bits, relative step 2^-4
     torch.testing.assert_close(pool.read_index_k(1)[loc], ik, atol=tol * ik.abs().max().item(), rtol=0)
+
+
+def test_draft_view_is_the_target_pool_with_shifted_layer_ids():
+    from sglang_m3.tiny.build import released_text_config
+
+    cfg = M3Config.from_text_dict(released_text_config("m3-tiny"), "MiniMaxM3SparseForCausalLM")
+    pool = M3KVPool(64, 16, cfg, layout_for("fp8_e4m3", torch.float32), "cpu", draft_kv_heads=(2,))
+    view = pool.draft_view()
+    assert (view.start_layer, view.end_layer, view.layer_num, view.head_num) == (0, 1, 1, 2)
+    loc = torch.tensor([5, 70])
+    k, v = torch.ones(2, 2, 32), torch.full((2, 2, 32), -2.0)
+    view.set_kv_buffer(_Layer(0), loc, k, v)  # the draft's layer 0 ...
+    got_k, got_v = pool.read_kv(cfg.num_layers)  # ... is the pool's layer num_layers: same storage
+    assert torch.equal(got_k[loc], k) and torch.equal(got_v[loc], v)
+    assert not pool.read_kv(0)[0].any()  # the target's layer 0 is untouched
+    with pytest.raises(RuntimeError, match="without EAGLE3 draft layers"):
+        M3KVPool(64, 16, cfg, layout_for("auto", torch.float32), "cpu").draft_view()

@@ -2,8 +2,10 @@
 
 Every query token of the batch is a *row*: it reads the page-table row of its
 request and sees keys ``0..row_pos``. Decode has one row per request, extend
-(prefill, chunked prefill, radix-prefix hits) one row per new token. Rows are in
-the batch's token order, so row ``t`` is query token ``t``.
+(prefill, chunked prefill, radix-prefix hits) one row per new token, speculative
+verify ``1 + drafts`` rows per request on the ladder (DESIGN section 5). Rows are
+in the batch's token order, so row ``t`` is query token ``t``. Each row gets its
+own top-k, so a chain that crosses a block boundary never shares one selection.
 """
 
 from __future__ import annotations
@@ -51,4 +53,22 @@ def plan_extend(req_to_token, req_pool_indices, prefix_lens, extend_lens, page_s
         page_table=page_table_for(req_to_token, req_pool_indices, page_size),
         row_req=row_req,
         row_pos=prefix_lens.long()[row_req] + offset,
+    )
+
+
+def plan_verify(req_to_token, req_pool_indices, seq_lens, rows_per_req: int, page_size: int) -> MSAMetadata:
+    """The verify ladder: ``rows_per_req`` rows per request at ``seq_len + t``.
+
+    ``seq_lens`` are the committed lengths *before* this step's tokens (SGLang's
+    spec-v2 convention); row ``t`` sees keys ``<= seq_len + t``, i.e. ``kv_len =
+    seq_len + qo_len`` and ``p_t = kv_len - qo_len + t``. Fixed shapes, no host sync.
+    """
+    batch = req_pool_indices.shape[0]
+    device = seq_lens.device
+    row_req = torch.arange(batch, device=device).repeat_interleave(rows_per_req)  # [B * R]
+    offset = torch.arange(rows_per_req, device=device).repeat(batch)  # [B * R]
+    return MSAMetadata(
+        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
+        row_req=row_req,
+        row_pos=seq_lens.long()[row_req] + offset,
     )

@@ -13,10 +13,11 @@ SGLang's OpenAI endpoints do not return speculative statistics, its native
 
 So each prompt is rendered with the server's chat template via
 ``POST /v1/tokenize`` (``messages`` -> token ids) and then generated with
-``POST /generate`` from those ids.  Reported: mean acceptance length (total
-tokens / total verify steps), acceptance rate ((length - 1) / drafts per
-step), the server's rate, per-position acceptance (fraction of steps that
-accepted draft position j, from the histogram), both histograms and, for
+``POST /generate`` from those ids.  Reported: mean acceptance length (1 +
+accepted drafts / verify steps; the token the prefill emits is not a verify
+step's), acceptance rate ((length - 1) / drafts per step), the server's
+rate, per-position acceptance (fraction of steps that accepted draft
+position j, from the histogram), both histograms and, for
 GSM8K prompts, the accuracy of the speculative outputs as a sanity check.
 Drafts per step: ``--num-draft-tokens``, else the server's
 ``speculative_num_steps`` from ``/server_info`` (or its
@@ -100,19 +101,28 @@ async def draft_tokens_per_step(client, args) -> tuple[int, dict]:
     return DEFAULT_DRAFT_TOKENS, settings
 
 
+def request_length(r: dict) -> float:
+    """Tokens committed per verify step: 1 + accepted drafts / steps when the server counts
+    accepted drafts (exact), else completion tokens / steps (SGLang's ``spec_accept_length``,
+    which also counts the one token the prefill emits)."""
+    if r.get("spec_num_correct_drafts") is not None:
+        return 1 + r["spec_num_correct_drafts"] / r["spec_verify_ct"]
+    return r["completion_tokens"] / r["spec_verify_ct"]
+
+
 def aggregate(records: list[dict], drafts: int) -> dict:
     """Acceptance statistics over the records that carry speculative stats."""
     stats = [r for r in records if r.get("spec_verify_ct")]
     tokens = sum(r["completion_tokens"] for r in stats)
     steps = sum(r["spec_verify_ct"] for r in stats)
-    length = tokens / steps
+    length = sum(request_length(r) * r["spec_verify_ct"] for r in stats) / steps
     out = {
         "mean_acceptance_length": length,
         "acceptance_rate": (length - 1) / drafts,
         "num_draft_tokens": drafts,
         "total_completion_tokens": tokens,
         "total_verify_steps": steps,
-        "per_request_acceptance_length": describe([r["completion_tokens"] / r["spec_verify_ct"] for r in stats]),
+        "per_request_acceptance_length": describe([request_length(r) for r in stats]),
     }
     proposed = sum(r.get("spec_num_proposed_drafts") or 0 for r in stats)
     if proposed:
@@ -192,7 +202,7 @@ async def run_acceptance(args) -> dict:
     )
     plot_path = args.plot or (str(Path(args.output).with_suffix(".png")) if args.output else None)
     if plot_path:
-        lengths = [r["completion_tokens"] / r["spec_verify_ct"] for r in records if r.get("spec_verify_ct")]
+        lengths = [request_length(r) for r in records if r.get("spec_verify_ct")]
         plot_acceptance(summary, lengths, plot_path)
         summary["plot"] = plot_path
     cli.write_output(args.output, summary, records)

@@ -45,3 +45,12 @@ def alloc_decode_cpu(self, seq_lens, seq_lens_cpu, last_loc):
         out = torch.where(needs_page, self.free_pages[page_idx] * self.page_size, out)
         self.free_pages = self.free_pages[num_new_pages:]
     return out
+
+
+def assign_req_to_token_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc) -> None:
+    """``req_to_token[req_i, start_i:end_i] = the next end_i - start_i slots of out_cache_loc``."""
+    lengths = (end_offset - start_offset).long()  # [B]
+    req = torch.repeat_interleave(req_pool_indices.long(), lengths)  # [N]
+    first = torch.cumsum(lengths, 0) - lengths  # [B] first slot of each request in out_cache_loc
+    col = torch.arange(req.shape[0]) - torch.repeat_interleave(first - start_offset.long(), lengths)  # [N]
+    req_to_token[req, col] = out_cache_loc[: req.shape[0]].to(req_to_token.dtype)

@@ -11,6 +11,7 @@ through the PyTorch references, which are its oracle.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -22,7 +23,7 @@ from sglang_m3_kernels.kv_quant import (
     nvfp4_quantize_ref,
 )
 
-from ..config import M3Config
+from ..config import DraftConfig, M3Config
 from .layout import FP8, PLAIN, KVLayout, bytes_per_token
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,23 @@ class M3KVPool(KVCache):
         """Dequantised index-K ``[slots, D_idx]`` of a sparse layer."""
         return self.index_k[layer_id].read(dtype)[:, 0]
 
+    def draft_view(self) -> "M3KVPool":
+        """The EAGLE3 draft runner's window onto this pool: its layer ``i`` is our
+        layer ``num_layers + i``. Same stores, same slots, same allocator: a freed or
+        evicted slot releases target KV, index-K and draft KV together (DESIGN 6)."""
+        if not self.draft_kv_heads:
+            raise RuntimeError("this M3 KV pool was built without EAGLE3 draft layers")
+        view = copy.copy(self)
+        base = self.cfg.num_layers
+        n = len(self.draft_kv_heads)
+        view.k = {i: self.k[base + i] for i in range(n)}
+        view.v = {i: self.v[base + i] for i in range(n)}
+        view.index_k = {}
+        view.start_layer, view.end_layer, view.layer_num = 0, n, n
+        view.head_num = self.draft_kv_heads[0]
+        view.mem_usage = sum(view.k[i].nbytes + view.v[i].nbytes for i in range(n)) / (1 << 30)
+        return view
+
     def get_cpu_copy(self, indices, mamba_indices=None):
         raise NotImplementedError("sglang-m3's KV pool does not support hierarchical-cache CPU copies")
 
@@ -147,15 +165,17 @@ def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
 
     cfg = M3Config.from_hf(kvc.model_config.hf_config)
     layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
-    budget = bytes_per_token(cfg, layout)
+    draft_heads = draft_kv_heads(kvc.server_args, cfg)
+    budget = bytes_per_token(cfg, layout, draft_heads)
     logger.info(
-        "sglang-m3 KV pool (%s): %d B/token = dense layer %d + sparse layer %d + index-K %d per sparse layer; "
-        "capacity %d tokens (%d pages of %d)",
+        "sglang-m3 KV pool (%s): %d B/token = dense layer %d + sparse layer %d + index-K %d per sparse layer"
+        " + draft %d; capacity %d tokens (%d pages of %d)",
         layout.name,
         budget["total"],
         budget["dense_layer"],
         budget["sparse_layer"],
         budget["index_k"],
+        budget["draft"],
         max_total_num_tokens,
         max_total_num_tokens // kvc.pool_page_size,
         kvc.pool_page_size,
@@ -168,4 +188,13 @@ def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
         kvc.device,
         start_layer=kvc.layer_info.start_layer,
         end_layer=kvc.layer_info.end_layer,
+        draft_kv_heads=draft_heads,
     )
+
+
+def draft_kv_heads(server_args, cfg: M3Config) -> tuple[int, ...]:
+    """KV heads of each EAGLE3 draft layer the pool must hold (none without speculation)."""
+    if server_args.speculative_algorithm is None:
+        return ()
+    draft = DraftConfig.from_path(server_args.speculative_draft_model_path, cfg)
+    return (draft.num_kv_heads,) * draft.num_layers

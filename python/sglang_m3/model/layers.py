@@ -5,23 +5,31 @@
   ``rotary_dim`` of each head (NeoX pairing) and passes the rest through.
 * ``swiglu_oai``: the clamped SwiGLU of MiniMax-M3 / GPT-OSS with gate and up
   *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit.
-* ``GemmaNorm``: SGLang's ``GemmaRMSNorm`` on CUDA calls sgl-kernel's
-  ``gemma_rmsnorm``, which dispatches half types only; fp32 runs (the token-exact
-  checks) take its own native path instead.
+* ``GemmaNorm`` / ``RMSNorm``: SGLang's norms on CUDA call sgl-kernel, which
+  dispatches half types only; fp32 runs (the token-exact checks) take their own
+  native path instead.
 """
 
 from __future__ import annotations
 
 import torch
-from sglang.srt.layers.layernorm import GemmaRMSNorm
+from sglang.srt.layers import layernorm
 from torch import nn
 
 
-class GemmaNorm(GemmaRMSNorm):
+class _Fp32Native:
     def forward_cuda(self, x, residual=None, post_residual_addition=None):
         if x.dtype == torch.float32:
             return self.forward_native(x, residual, post_residual_addition)
         return super().forward_cuda(x, residual, post_residual_addition)
+
+
+class GemmaNorm(_Fp32Native, layernorm.GemmaRMSNorm):
+    """``x / rms(x) * (1 + w)`` (M3)."""
+
+
+class RMSNorm(_Fp32Native, layernorm.RMSNorm):
+    """``x / rms(x) * w`` (the Llama-style EAGLE3 draft)."""
 
 
 class PartialNeoxRope(nn.Module):

@@ -21,7 +21,7 @@ from sglang.srt.layers.vocab_parallel_embedding import (
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
-from ..config import M3Config
+from ..config import M3Config, aux_capture_inputs
 from .attention import M3Attention
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
@@ -57,13 +57,16 @@ class M3Model(nn.Module):
         self.norm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, capture_layers=()):
+        """``capture_layers``: layers whose *input* EAGLE3 reads, in the draft's order
+        (repeats allowed; ``num_layers`` = the final pre-norm hidden state)."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [T, H]
-        aux = []
+        seen = {}
         for i, layer in enumerate(self.layers):
-            if i in capture_layers:  # EAGLE3 reads the *input* of these layers
-                aux.append(hidden)
+            if i in capture_layers:
+                seen[i] = hidden
             hidden = layer(positions, hidden, forward_batch)
-        return self.norm(hidden), aux
+        seen[len(self.layers)] = hidden
+        return self.norm(hidden), [seen[i] for i in capture_layers]
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
@@ -86,6 +89,14 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
+
+    def get_embed_and_head(self):
+        """The EAGLE3 draft shares the target's embedding (SGLang's draft worker API)."""
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None) -> None:
+        """Called by SGLang's model runner with the draft's ``eagle_aux_hidden_state_layer_ids``."""
+        self.capture_layers = aux_capture_inputs(layer_ids, self.m3.num_layers)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **_):

@@ -1,9 +1,12 @@
 """M3 feed-forward blocks: the dense SwiGLU-OAI MLP and the sigmoid-routed MoE.
 
-The MoE runs its experts with plain torch ops: SGLang's native MoE path ignores
-the SwiGLU-OAI alpha/limit for ``silu`` (DESIGN section 4), and its fused Triton
-MoE needs a GPU. Expert weights are stacked (``w13 [E, 2I, H]``, ``w2 [E, H, I]``)
-so a fused kernel can take them over without a re-layout.
+On CUDA the experts run through SGLang's fused Triton MoE (``fused_experts``) with
+its GPT-OSS SwiGLU variant (``gemm1_alpha`` / ``gemm1_clamp_limit``, gate and up
+*not* interleaved): exactly M3's activation, and free of host syncs, so decode and
+verify can be captured in CUDA graphs. On CPU (no Triton) a torch loop over the
+routed experts is the path, and the oracle; SGLang's native MoE path ignores the
+alpha/limit for ``silu`` (DESIGN section 4). Expert weights are stacked
+(``w13 [E, 2I, H]``, ``w2 [E, H, I]``), the layout the fused kernel takes.
 """
 
 from __future__ import annotations
@@ -69,10 +72,33 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        routed = self._experts_fused(x, weights, ids) if x.is_cuda else self._experts_loop(x, weights, ids)
+        return routed * self.scale + self.shared_experts(x)
+
+    def _experts_fused(self, x, weights, ids):
+        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        config = MoeRunnerConfig(
+            num_experts=self.w13.shape[0],
+            num_local_experts=self.w13.shape[0],
+            top_k=self.top_k,
+            activation="silu",
+            is_gated=True,
+            inplace=False,
+            gemm1_alpha=self.alpha,
+            gemm1_clamp_limit=self.limit,
+            gate_up_interleaved=False,
+        )
+        topk = StandardTopKOutput(weights.to(torch.float32), ids.to(torch.int32), None)
+        return fused_experts(x, self.w13, self.w2, topk, config)
+
+    def _experts_loop(self, x, weights, ids):
         routed = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             tok, slot = torch.nonzero(ids == expert, as_tuple=True)
             h = swiglu_oai(F.linear(x[tok], self.w13[expert]), self.alpha, self.limit)  # [t, I]
             y = F.linear(h, self.w2[expert]) * weights[tok, slot, None]  # [t, H] fp32
             routed.index_add_(0, tok, y.to(x.dtype))
-        return routed * self.scale + self.shared_experts(x)
+        return routed

@@ -1,0 +1,143 @@
+"""The EAGLE3 draft head for M3 targets (``LlamaForCausalLMEagle3`` checkpoints).
+
+Semantics are those of SGLang's ``llama_eagle3.py`` (the format public M3 drafts
+ship in): ``h = fc(cat(aux_low, aux_mid, aux_high))`` (skipped when the input is
+already hidden-sized: a draft step feeding its own state), then one decoder layer
+over ``cat(input_layernorm(embed(token)), hidden_norm(h))`` with ``h`` as the
+residual, a final norm for the logits (draft vocabulary; ``d2t`` maps to target
+ids) and the *pre-norm* sum as the hidden state carried to the next draft step.
+
+Why our own class: SGLang's Llama layers reach for CUDA / vLLM rotary kernels on
+CPU (``RotaryEmbedding`` imports ``vllm._custom_ops`` there), and the draft must
+run on our ``m3_msa`` backend over the target's pool. The worker selects this class
+for the draft runner by architecture name (``DRAFT_ARCH``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.model_executor.forward_context import get_attn_backend
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from torch import nn
+
+from .layers import PartialNeoxRope, RMSNorm
+
+DRAFT_ARCH = "SglangM3Eagle3Draft"
+
+# checkpoint projection -> (our fused parameter, shard)
+_STACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        H = config.hidden_size
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or H // self.heads
+        self.input_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.qkv_proj = QKVParallelLinear(2 * H, self.head_dim, self.heads, self.kv_heads, bias=False)
+        self.o_proj = RowParallelLinear(self.heads * self.head_dim, H, bias=False)
+        theta = getattr(config, "rope_theta", None) or (config.rope_scaling or {})["rope_theta"]
+        self.rope = PartialNeoxRope(self.head_dim, theta)  # full rotary, NeoX pairing (Llama)
+        self.attn = RadixAttention(
+            self.heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.kv_heads, layer_id=layer_id
+        )
+        self.gate_up_proj = MergedColumnParallelLinear(H, [config.intermediate_size] * 2, bias=False)
+        self.down_proj = RowParallelLinear(config.intermediate_size, H, bias=False)
+
+    def forward(self, positions, embeds, hidden, forward_batch):
+        """``embeds``, ``hidden``: ``[T, H]``; returns (mlp output, residual) ``[T, H]`` each."""
+        T = hidden.shape[0]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [T, 2H]
+        q, k, v = self.qkv_proj(x)[0].split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], -1)
+        cos, sin = self.rope.cos_sin(positions)
+        q = self.rope(q.reshape(T, self.heads, self.head_dim), cos, sin).reshape(T, -1)
+        k = self.rope(k.reshape(T, self.kv_heads, self.head_dim), cos, sin).reshape(T, -1)
+        attn = get_attn_backend().forward(q, k, v.contiguous(), self.attn, forward_batch)
+        x, residual = self.post_attention_layernorm(self.o_proj(attn)[0], hidden)
+        gate, up = self.gate_up_proj(x)[0].chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)[0], residual
+
+
+class M3Eagle3Draft(nn.Module):
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        if quant_config is not None:
+            raise ValueError(f"EAGLE3 draft: quantization={quant_config.get_name()!r} is not supported")
+        if config.num_hidden_layers != 1:
+            raise ValueError(
+                f"EAGLE3 draft num_hidden_layers={config.num_hidden_layers}: sglang-m3 serves 1-layer drafts"
+            )
+        self.config = config
+        H = config.hidden_size
+        self.draft_vocab_size = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+        self.fc = nn.Linear((len(ids) if ids else 3) * H, H, bias=False)
+        self.layer = DraftLayer(config, layer_id=0)
+        self.norm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.lm_head = ParallelLMHead(self.draft_vocab_size, H)
+        logits_config = copy.copy(config)
+        logits_config.vocab_size = self.draft_vocab_size
+        self.logits_processor = LogitsProcessor(logits_config)
+        self.embed = None  # the target's embedding, shared (``set_embed``)
+        self.hot_token_id = None  # [draft_vocab] target ids, from ``d2t``
+        self.load_lm_head_from_target = False
+
+    def set_embed(self, embed: torch.Tensor) -> None:
+        self.embed = embed
+
+    def get_hot_token_id(self):
+        return self.hot_token_id
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, **_):
+        embeds = F.embedding(input_ids, self.embed) if input_embeds is None else input_embeds  # [T, H]
+        hidden = forward_batch.spec_info.hidden_states  # [T, 3H] target aux, or [T, H] own state
+        if hidden.shape[-1] != embeds.shape[-1]:
+            hidden = self.fc(hidden.to(self.fc.weight.dtype))
+        x, residual = self.layer(positions, embeds, hidden, forward_batch)
+        normed, prenorm = self.norm(x, residual)
+        return self.logits_processor(input_ids, normed, self.lm_head, forward_batch, [prenorm])
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.").replace("midlayer.", "layer.").replace("layers.0.", "layer.")
+            if name == "d2t":  # stored as target_id - draft_id
+                self.hot_token_id = tensor.long() + torch.arange(tensor.shape[0])
+                continue
+            if name in ("t2d", "embed_tokens.weight"):  # unused: the target's embedding is shared
+                continue
+            parts = name.split(".")
+            shard = None
+            if len(parts) >= 2 and parts[-2] in _STACKED:
+                fused, shard = _STACKED[parts[-2]]
+                name = ".".join([*[p for p in parts[:-2] if p not in ("self_attn", "mlp")], fused, parts[-1]])
+            else:
+                name = ".".join(p for p in parts if p not in ("self_attn", "mlp"))
+            if name not in params:
+                raise ValueError(f"EAGLE3 draft tensor {name!r} has no parameter in sglang-m3's draft")
+            param = params[name]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader(param, tensor) if shard is None else loader(param, tensor, shard)
+            loaded.add(name)
+        missing = sorted(set(params) - loaded - {"embed"})
+        if missing:
+            raise ValueError(f"EAGLE3 draft checkpoint lacks {missing}")

@@ -1,0 +1,253 @@
+"""EAGLE3 chain speculative decoding for MiniMax-M3 (``--speculative-algorithm EAGLE3``).
+
+SGLang builds this worker instead of its own EAGLE worker for M3 targets
+(``plugin.py`` hooks the worker factory). It follows SGLang's spec-v2 scheduler
+contract: the scheduler allocates ``kv_committed_len + reserve`` slots per request
+before each step (``eagle_prepare_for_decode``), ``batch.seq_lens`` is the committed
+length *before* the step's tokens, and the result carries ``next_token_ids``
+``[bs * (K + 1)]``, ``accept_lens`` and the next step's ``EagleDraftInput``.
+
+One step (``K`` = ``--speculative-num-steps``, position ``s`` = ``seq_len``):
+
+1. draft chain: ``d_1`` came from the previous step; draft decode ``j = 1..K-1``
+   runs at position ``s + j - 1`` on ``d_j`` and the draft's own previous hidden state;
+2. verify: the target scores ``[bonus, d_1..d_K]`` at positions ``s..s+K`` as one
+   ladder (``TARGET_VERIFY``, each row its own MSA selection), writing target KV;
+3. accept (``verify.py``): greedy prefix match or rejection sampling, one bonus;
+4. draft catch-up: the draft re-runs the ``K + 1`` verified rows (token ``t+1`` +
+   the target's aux hidden state of row ``t``), rewriting its KV with real inputs;
+   the row of the last accepted token gives the next ``d_1`` and hidden state.
+
+Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots as
+the target's, so rejected positions are simply overwritten by the next step and
+finishing a request frees everything. The worker runs without overlap scheduling
+and without CUDA graphs for now (the server overrides say so at start-up).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+from ..model.eagle3 import DRAFT_ARCH
+from .verify import accept_greedy, accept_sampled, target_probs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ChainInput(SpecInput):
+    """What one of our forwards hands the model through ``forward_batch.spec_info``."""
+
+    hidden_states: Optional[torch.Tensor] = None  # [T or B, H_in] the draft's input hidden states
+    positions: Optional[torch.Tensor] = None  # [T] verify-ladder positions (None: SGLang's default)
+    num_tokens_per_req: int = 1
+    num_tokens_for_logprob_per_req: int = 1
+    verify: bool = False
+
+    def __post_init__(self):
+        super().__init__(SpecInputType.EAGLE_VERIFY if self.verify else SpecInputType.EAGLE_DRAFT)
+
+
+class M3Eagle3Worker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self.device = server_args.device
+        self.num_steps = server_args.speculative_num_steps
+        self._target_worker = target_worker
+        # The draft runs as sglang-m3's draft class (``model/eagle3.py``), not SGLang's Llama.
+        draft_args = copy.deepcopy(server_args)
+        draft_args.override("sglang_m3.draft", json_model_override_args=json.dumps({"architectures": [DRAFT_ARCH]}))
+        bundle = build_draft_tp_worker(
+            server_args=draft_args,
+            gpu_id=gpu_id,
+            ps=replace(ps, pp_rank=0),
+            nccl_port=nccl_port,
+            target_model_config=target_worker.model_config,
+            algo_label="EAGLE3 (sglang-m3)",
+            attention_backend_override="m3_msa",
+        )
+        self._draft_worker = bundle.draft_worker
+        self.draft_runner = bundle.draft_model_runner
+        draft = self.draft_runner.model
+        draft.set_embed(target_worker.model_runner.model.get_embed_and_head()[0])
+        hot = draft.get_hot_token_id()
+        self.draft_to_target = hot.to(self.device) if hot is not None else None  # [V_draft] target ids
+        logger.info("sglang-m3 EAGLE3 chain worker: %d draft steps, %d verify rows", self.num_steps, self.num_steps + 1)
+
+    # -- SGLang's worker interface ------------------------------------------------------
+    def init_cuda_graphs(self):
+        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
+
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        return (self.target_worker.model_runner.attn_backend, self.draft_runner.attn_backend)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch, on_publish)
+        return self._decode(batch, on_publish)
+
+    # -- prefill: target extend, then the draft over the prompt -----------------------------
+    def _prefill(self, batch, on_publish) -> GenerationBatchResult:
+        out = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        out.new_seq_lens = batch.seq_lens  # spec-v2: length before the next step's tokens
+        if on_publish is not None:
+            on_publish(out.new_seq_lens)
+        # The draft at position p reads token p + 1 and the target's hidden state at p.
+        tail = _eagle_prefill_tail_tokens(batch, out.next_token_ids)
+        shifted = torch.empty_like(batch.input_ids)
+        start = 0
+        for i, n in enumerate(batch.extend_lens):
+            shifted[start : start + n - 1] = batch.input_ids[start + 1 : start + n]
+            shifted[start + n - 1] = tail[i]
+            start += n
+        lo = self._run(
+            self.draft_runner,
+            batch,
+            ForwardMode.EXTEND,
+            input_ids=shifted,
+            out_cache_loc=batch.out_cache_loc,
+            seq_lens=batch.seq_lens,
+            spec_info=ChainInput(hidden_states=out.logits_output.hidden_states),
+            capture=CaptureHiddenMode.LAST,
+        )
+        out.next_draft_input = self._draft_input(lo.next_token_logits, lo.hidden_states, out.next_token_ids)
+        return out
+
+    # -- decode: draft chain, verify, accept, draft catch-up --------------------------------
+    def _decode(self, batch, on_publish) -> GenerationBatchResult:
+        K, R = self.num_steps, self.num_steps + 1
+        info: EagleDraftInput = batch.spec_info
+        s = batch.seq_lens  # [bs] committed length before this step
+        bs = s.shape[0]
+        rows = torch.arange(R, device=s.device)
+        ladder = s.unsqueeze(1) + rows  # [bs, R] positions s..s+K
+        slots = self.req_to_token_pool.req_to_token[batch.req_pool_indices.unsqueeze(1), ladder]  # [bs, R]
+
+        drafts, hidden = [info.topk_index[:, 0]], info.hidden_states
+        for j in range(1, K):  # draft decode at position s + j - 1 predicts d_{j+1}
+            lo = self._run(
+                self.draft_runner,
+                batch,
+                ForwardMode.DECODE,
+                input_ids=drafts[-1],
+                out_cache_loc=slots[:, j - 1].contiguous(),
+                seq_lens=s + j,
+                spec_info=ChainInput(hidden_states=hidden),
+                capture=CaptureHiddenMode.LAST,
+            )
+            drafts.append(self._to_target(lo.next_token_logits.argmax(dim=-1)))
+            hidden = lo.hidden_states
+        draft = torch.stack(drafts, dim=1)  # [bs, K]
+
+        verify_ids = torch.cat([info.bonus_tokens.to(draft.dtype).unsqueeze(1), draft], dim=1)  # [bs, R]
+        lo = self._run(
+            self.target_worker.model_runner,
+            batch,
+            ForwardMode.TARGET_VERIFY,
+            input_ids=verify_ids.reshape(-1),
+            out_cache_loc=slots.reshape(-1),
+            seq_lens=s,
+            spec_info=ChainInput(positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True),
+            capture=CaptureHiddenMode.FULL,
+        )
+        tokens, accept_len = self._accept(batch, draft, lo.next_token_logits.view(bs, R, -1))
+        if batch.return_logprob:
+            compute_spec_v2_logprobs(
+                batch, lo, tokens.reshape(-1), torch.arange(bs * R, device=s.device).view(bs, R), K
+            )
+        new_seq_lens = s + accept_len
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # Catch-up: row t gets token t + 1 (= tokens[t] where accepted) and the target's hidden of row t.
+        dlo = self._run(
+            self.draft_runner,
+            batch,
+            ForwardMode.TARGET_VERIFY,
+            input_ids=tokens.reshape(-1),
+            out_cache_loc=slots.reshape(-1),
+            seq_lens=s,
+            spec_info=ChainInput(
+                hidden_states=lo.hidden_states, positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True
+            ),
+            capture=CaptureHiddenMode.FULL,
+        )
+        last = torch.arange(bs, device=s.device) * R + accept_len - 1  # row of the last committed token
+        bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
+        lo.hidden_states = None  # the aux states are consumed; don't ship them to the scheduler
+        return GenerationBatchResult(
+            logits_output=lo,
+            next_token_ids=tokens.reshape(-1),
+            accept_lens=accept_len,
+            new_seq_lens=new_seq_lens,
+            speculative_num_draft_tokens=R,
+            next_draft_input=self._draft_input(dlo.next_token_logits[last], dlo.hidden_states[last], bonus),
+            can_run_cuda_graph=False,
+        )
+
+    def _accept(self, batch, draft, logits):
+        """Tokens ``[bs, K + 1]`` and accept lengths ``[bs]`` (``verify.py``)."""
+        info = batch.sampling_info
+        if info.is_all_greedy:
+            return accept_greedy(draft, logits)
+        bs, R, V = logits.shape
+        per_row = lambda x: x.reshape(bs).repeat_interleave(R)  # noqa: E731  [bs] -> [bs * R]
+        probs = target_probs(
+            logits.reshape(bs * R, V),
+            per_row(info.temperatures),
+            per_row(info.top_ks),
+            per_row(info.top_ps),
+            per_row(info.min_ps),
+        ).view(bs, R, V)
+        u = torch.rand(bs, R, device=logits.device)
+        # A greedy request (temperature 0) inside a sampled batch keeps exact argmax semantics.
+        greedy_tokens, greedy_len = accept_greedy(draft, logits)
+        tokens, accept_len = accept_sampled(draft, probs, u[:, :-1], u[:, -1])
+        is_greedy = (info.temperatures.reshape(bs) <= 1e-5) | (info.top_ks.reshape(bs) == 1)
+        return (
+            torch.where(is_greedy.unsqueeze(1), greedy_tokens, tokens),
+            torch.where(is_greedy, greedy_len, accept_len),
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+    def _run(self, runner, batch, mode, *, input_ids, out_cache_loc, seq_lens, spec_info, capture):
+        """One forward of ``runner`` over ``batch``'s requests with the given rows."""
+        b = copy.copy(batch)  # shallow: the scheduler's batch keeps its own fields
+        b.forward_mode, b.input_ids, b.out_cache_loc, b.spec_info = mode, input_ids, out_cache_loc, spec_info
+        b.seq_lens = seq_lens
+        b.seq_lens_cpu = seq_lens.cpu() if seq_lens.device.type == "cpu" else None
+        b.seq_lens_sum = None
+        b.return_logprob = False
+        fb = ForwardBatch.init_new(b, runner, capture_hidden_mode=capture, return_hidden_states_before_norm=False)
+        return runner.forward(fb).logits_output
+
+    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+
+    def _draft_input(self, logits, hidden, bonus) -> EagleDraftInput:
+        """Next step's seed: ``d_1`` (target ids, in ``topk_index``), hidden state, bonus token."""
+        d1 = self._to_target(logits.argmax(dim=-1, keepdim=True))  # [bs, 1]
+        return EagleDraftInput(
+            topk_p=torch.ones_like(d1, dtype=torch.float32),
+            topk_index=d1,
+            hidden_states=hidden,
+            bonus_tokens=bonus.to(torch.int32),
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Decode throughput of one M3 checkpoint served by sglang.Engine, in several modes, in one run.
+
+Modes (each its own engine, started one after another): ``eager`` (no CUDA graphs, the
+baseline every ratio is taken against), ``graphs`` (CUDA-graph decode), ``eagle3_eager``
+and ``eagle3_graphs`` (sglang-m3's EAGLE3 chain worker, 3 draft tokens; graphs capture
+the target's verify). For every batch size: ``batch`` greedy requests of ``--input-len``
+prompt tokens and ``--output-len`` new tokens (EOS ignored), timed after one warm-up
+round; output tokens/s, mean acceptance length (speculative modes) and the ratio to
+``eager`` at the same batch are written as JSON.
+
+    python3 scripts/bench_e2e.py --out benchmarks/e2e.json [--model-path P --draft-path D]
+
+Defaults: the embedded tiny M3 and its tiny draft (``sglang-m3 tiny-path`` /
+``draft-path``). The tiny model is launch-bound, so its ratios measure per-step overhead
+(host work, kernel launches, verify rows), not HBM traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import time
+
+MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs")
+SPEC = dict(
+    speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4
+)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default=None, help="M3 checkpoint (default: the embedded tiny M3)")
+    p.add_argument("--draft-path", default=None, help="EAGLE3 draft (default: the embedded tiny draft)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    p.add_argument("--batches", default="1,8", help="comma list of batch sizes")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default="bench_results/e2e.json", help="JSON output path")
+    return p.parse_args(argv)
+
+
+def prompts(tokenizer_path: str, n: int, length: int) -> list[list[int]]:
+    """``n`` distinct prompts of ``length`` tokens cut from the shipped corpus (no radix hits)."""
+    from importlib import resources
+
+    from transformers import AutoTokenizer
+
+    text = resources.files("sglang_m3").joinpath("assets/tokenizer_corpus.txt").read_text()
+    ids = AutoTokenizer.from_pretrained(tokenizer_path)(text).input_ids
+    return [ids[i * length + i : (i + 1) * length + i] for i in range(n)]
+
+
+def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
+    import sglang as sgl
+
+    engine_args = dict(
+        model_path=args.model_path,
+        device=args.device,
+        dtype=args.dtype,
+        log_level="error",
+        mem_fraction_static=0.5,
+        disable_cuda_graph=not mode.endswith("graphs"),
+        cuda_graph_max_bs=max(batches),
+    )
+    if mode.startswith("eagle3"):
+        engine_args.update(SPEC, speculative_draft_model_path=args.draft_path)
+    engine = sgl.Engine(**engine_args)
+    records = []
+    try:
+        for bs in batches:
+            batch = prompts(args.model_path, bs, args.input_len)
+            sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
+            engine.generate(input_ids=batch, sampling_params=sampling)  # warm-up (and graph paths)
+            engine.flush_cache()  # no radix hits in the timed round
+            start = time.perf_counter()
+            outs = engine.generate(input_ids=batch, sampling_params=sampling)
+            elapsed = time.perf_counter() - start
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            steps = sum(o["meta_info"].get("spec_verify_ct") or 0 for o in outs)
+            records.append(
+                dict(
+                    mode=mode,
+                    batch=bs,
+                    output_tokens=tokens,
+                    elapsed_s=elapsed,
+                    output_tokens_per_s=tokens / elapsed,
+                    mean_acceptance_length=(tokens - bs) / steps if steps else None,  # first token: prefill
+                )
+            )
+            print(json.dumps(records[-1]), flush=True)
+            engine.flush_cache()
+    finally:
+        engine.shutdown()
+    return records
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from sglang_m3.tiny import default_checkpoint
+    from sglang_m3.tiny.draft import default_draft
+
+    args.model_path = args.model_path or str(default_checkpoint("m3-tiny", "vl"))
+    args.draft_path = args.draft_path or str(default_draft("m3-tiny"))
+    batches = [int(b) for b in args.batches.split(",")]
+    records = [r for mode in args.modes.split(",") for r in run_mode(mode, args, batches)]
+    base = {r["batch"]: r["output_tokens_per_s"] for r in records if r["mode"] == "eager"}
+    for r in records:
+        r["vs_eager"] = r["output_tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
+    summary = dict(
+        benchmark="e2e_decode",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model_path=args.model_path,
+        draft_path=args.draft_path,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        dtype=args.dtype,
+        records=records,
+    )
+    try:
+        import torch
+
+        summary["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001 -- informational only
+        pass
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    print(f"wrote {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

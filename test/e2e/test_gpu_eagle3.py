@@ -1,0 +1,69 @@
+"""On a GPU: CUDA-graph decode and verify, and EAGLE3 chain speculation, against eager decoding.
+
+fp32 model and KV, IEEE fp32 dots (``conftest._triton_env``), so greedy output can be
+compared token for token.
+Graph replays pad the batch to a captured size, which may change the fused MoE's tile
+config (and so its reduction order): log-probs are compared to 1e-5, tokens exactly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sglang as sgl
+
+from .conftest import SPEC_ARGS, prompts_from
+from .parity_helpers import engine_greedy, used_tokens_settle_to_zero
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+NEW = 40
+BASE = dict(device="cuda", dtype="float32", log_level="error", max_total_tokens=8192, mem_fraction_static=0.3)
+GRAPHS = dict(BASE, disable_cuda_graph=False, cuda_graph_max_bs=8)
+EAGER = dict(BASE, disable_cuda_graph=True)
+
+
+def _run(model, args, prompts, **extra):
+    engine = sgl.Engine(model_path=str(model), **args, **extra)
+    try:
+        greedy = engine_greedy(engine, prompts, NEW)
+        outs = engine.generate(
+            input_ids=prompts[:2],
+            sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+            return_logprob=True,
+        )
+        logprobs = [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]
+        stats = [o["meta_info"].get("spec_verify_ct") for o in outs]
+        engine.flush_cache()
+        assert used_tokens_settle_to_zero(engine)
+    finally:
+        engine.shutdown()
+    return greedy, logprobs, stats
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_vl, tiny_draft, corpus_ids):
+    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"  # conftest._triton_env
+    prompts = prompts_from(corpus_ids)
+    spec = dict(SPEC_ARGS, speculative_draft_model_path=str(tiny_draft))
+    return {
+        "eager": _run(tiny_vl, EAGER, prompts),
+        "graphs": _run(tiny_vl, GRAPHS, prompts),
+        "eagle3_eager": _run(tiny_vl, EAGER, prompts, **spec),
+        "eagle3_graphs": _run(tiny_vl, GRAPHS, prompts, **spec),
+    }
+
+
+@pytest.mark.parametrize("variant", ["graphs", "eagle3_eager", "eagle3_graphs"])
+def test_token_exact_against_eager_decode(runs, variant):
+    greedy, logprobs, _ = runs[variant]
+    ref_greedy, ref_logprobs, _ = runs["eager"]
+    assert greedy == ref_greedy
+    for got, want in zip(logprobs, ref_logprobs):
+        assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_eagle3_accepts_drafts_on_gpu(runs):
+    for variant in ("eagle3_eager", "eagle3_graphs"):
+        steps = runs[variant][2]
+        assert all(s is not None and s < 12 for s in steps), (variant, steps)  # fewer verify steps than tokens

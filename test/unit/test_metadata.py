@@ -1,0 +1,38 @@
+"""The per-batch MSA plan: rows, positions and page tables for each forward mode."""
+
+import torch
+from sglang_m3.attention.metadata import plan_decode, plan_extend, plan_verify
+
+P = 4
+
+
+def _req_to_token():
+    # Request slot 1 owns pages 5, 2, 7 (tokens 0..11); slot 3 owns pages 0, 6.
+    table = torch.zeros(4, 16, dtype=torch.int32)
+    for req, pages in ((1, [5, 2, 7]), (3, [0, 6])):
+        for i, page in enumerate(pages):
+            table[req, i * P : (i + 1) * P] = torch.arange(page * P, (page + 1) * P)
+    return table
+
+
+def test_verify_ladder_rows_and_positions():
+    # seq_lens are the committed lengths before the step: rows sit at seq_len + t.
+    md = plan_verify(_req_to_token(), torch.tensor([1, 3]), torch.tensor([7, 3]), rows_per_req=4, page_size=P)
+    assert md.row_req.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert md.row_pos.tolist() == [7, 8, 9, 10, 3, 4, 5, 6]  # request 0 crosses from page 1 into page 2
+    assert md.page_table[0, :3].tolist() == [5, 2, 7] and md.page_table[1, :2].tolist() == [0, 6]
+
+
+def test_verify_equals_extend_of_the_same_tokens():
+    # A verify step is an extend of qo_len tokens on top of the committed prefix.
+    table, reqs, lens = _req_to_token(), torch.tensor([1, 3]), torch.tensor([7, 3])
+    verify = plan_verify(table, reqs, lens, rows_per_req=3, page_size=P)
+    extend = plan_extend(table, reqs, lens, torch.tensor([3, 3]), P)
+    assert torch.equal(verify.row_req, extend.row_req) and torch.equal(verify.row_pos, extend.row_pos)
+
+
+def test_decode_is_the_one_row_ladder():
+    table, reqs = _req_to_token(), torch.tensor([1, 3])
+    decode = plan_decode(table, reqs, torch.tensor([8, 4]), P)  # seq_lens include the decoded token
+    verify = plan_verify(table, reqs, torch.tensor([7, 3]), rows_per_req=1, page_size=P)
+    assert torch.equal(decode.row_pos, verify.row_pos) and decode.row_pos.tolist() == [7, 3]

@@ -1,0 +1,75 @@
+"""Chain acceptance (``spec/verify.py``): greedy prefix matching, and rejection sampling
+checked against its defining property (emitted tokens distributed as the target's)."""
+
+import pytest
+import torch
+from sglang_m3.spec.verify import accept_greedy, accept_sampled, sample_from, target_probs
+
+V = 7
+
+
+def _logits_for(tokens: list[list[int]]) -> torch.Tensor:
+    """Logits whose argmax per row is the given token."""
+    out = torch.zeros(len(tokens), len(tokens[0]), V)
+    for b, row in enumerate(tokens):
+        for t, tok in enumerate(row):
+            out[b, t, tok] = 5.0
+    return out
+
+
+def test_greedy_accepts_the_agreeing_prefix_and_one_bonus():
+    target = [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [5, 5, 5, 5]]
+    draft = torch.tensor([[1, 2, 3], [1, 6, 3], [0, 2, 3], [5, 5, 5]])
+    tokens, accept_len = accept_greedy(draft, _logits_for(target))
+    assert accept_len.tolist() == [4, 2, 1, 4]  # a later match after a miss does not count (row 1)
+    assert tokens.tolist() == target
+
+
+def test_greedy_with_one_draft_token():
+    tokens, accept_len = accept_greedy(torch.tensor([[2], [3]]), _logits_for([[2, 6], [4, 6]]))
+    assert accept_len.tolist() == [2, 1] and tokens[:, 0].tolist() == [2, 4]
+
+
+def test_sampled_is_exact_for_one_hot_targets():
+    # A deterministic target (one-hot rows) must behave exactly like greedy, whatever the coins.
+    target = [[1, 2, 3, 4], [1, 2, 3, 4], [6, 0, 0, 0]]
+    probs = torch.nn.functional.one_hot(torch.tensor(target), V).float()
+    draft = torch.tensor([[1, 2, 3], [1, 6, 3], [1, 2, 3]])
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(3, 4, generator=g)
+        tokens, accept_len = accept_sampled(draft, probs, u[:, :3], u[:, 3])
+        assert accept_len.tolist() == [4, 2, 1]
+        for b, n in enumerate(accept_len.tolist()):
+            assert tokens[b, :n].tolist() == target[b][:n]
+
+
+def test_sampled_first_token_has_the_target_distribution():
+    # Lossless speculation: the first committed token is distributed as p_0, whatever the draft.
+    torch.manual_seed(0)
+    p0 = torch.tensor([0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.0])
+    n = 40000
+    probs = p0.expand(n, 2, V).clone()
+    draft = torch.full((n, 1), 1)  # the draft always proposes token 1 (p = 0.2)
+    u = torch.rand(n, 2)
+    tokens, accept_len = accept_sampled(draft, probs, u[:, :1], u[:, 1])
+    freq = torch.bincount(tokens[:, 0], minlength=V).float() / n
+    assert torch.allclose(freq, p0, atol=0.01), freq  # 4 sigma at n = 40000 is ~0.01
+    assert abs((accept_len == 2).float().mean().item() - 0.2) < 0.01  # accepted with probability p0(1)
+
+
+def test_sample_from_inverse_cdf():
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.5, 0.0, 0.5]])
+    assert sample_from(probs, torch.tensor([0.3, 0.2, 0.7])).tolist() == [1, 0, 2]
+
+
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p,kept",
+    [(0, 1.0, 0.0, 7), (2, 1.0, 0.0, 2), (0, 0.6, 0.0, 2), (0, 1.0, 0.3, 3), (1, 1.0, 0.0, 1)],
+)
+def test_target_probs_masks(top_k, top_p, min_p, kept):
+    logits = torch.log(torch.tensor([[0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02]]))
+    p = target_probs(logits, torch.tensor([1.0]), torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([min_p]))
+    assert int((p > 0).sum()) == kept
+    assert torch.allclose(p.sum(), torch.tensor(1.0))
+    assert p[0, 0] == p.max()  # the best token always survives, order is kept
