@@ -53,8 +53,12 @@ def corpus_ids(tiny_vl):
 
 
 def prompts_from(ids: list[int]) -> list[list[int]]:
-    """Mixed lengths: below the sparse threshold (block 16 x top-4 = 64) and well past it."""
-    return [ids[:9], ids[100:150], ids[300:500], ids[700:1017]]
+    """Mixed lengths: below the sparse threshold (block 16 x top-4 = 64) and well past it.
+
+    Defined with the tiny draft, which memorises the target's continuations of exactly these prompts."""
+    from sglang_m3.tiny.draft import corpus_prompts
+
+    return corpus_prompts(ids)
 
 
 def _free_port() -> int:

@@ -5,11 +5,16 @@ hidden_norm(h))``, ``fc`` over three captured target hidden states, its own fina
 lm_head with a ``d2t`` table). No ``embed_tokens``: the draft shares the target's embedding.
 
 Captured layers (DESIGN section 7): ``eagle_aux_hidden_state_layer_ids`` names layer *outputs* ``l``; the
-serving side captures them as the *inputs* of layers ``l + 1`` (``aux_layer_inputs``).
+serving side captures them as the *inputs* of layers ``l + 1`` (``aux_capture_inputs``).
 
 Everything here is plain torch + transformers: it runs before SGLang starts and never imports it.
 ``draft_forward_ref`` is the slow reference of what SGLang computes; ``chain_acceptance`` replays greedy
 chain speculation (K drafts + 1 bonus per verify) with it.
+
+The tiny target is random, so nothing a small draft learns transfers to new text (~1.05 tokens per verify on
+held-out prompts). To exercise multi-token acceptance end to end, the draft also memorises the target's greedy
+continuations of ``probe_prompts`` (the e2e tests' prompts and the acceptance bench's GSM8K head) from the
+target's hidden states: all 3 drafts are accepted there.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DRAFT_BUILD_VERSION = 1  # bump when the output of build_draft for a given (target, seed) changes
+from ..config import aux_capture_inputs
+
+DRAFT_BUILD_VERSION = 2  # bump when the output of build_draft for a given (target, seed) changes
 DRAFT_TARGETS = ("m3-tiny",)  # tiny targets with enough layers for TINY_AUX_LAYER_IDS
 TINY_AUX_LAYER_IDS = (0, 1, 2)  # outputs of layers 0, 1, 2 == inputs of layers 1, 2, 3 of the 4-layer tiny M3
 DRAFT_VOCAB_SIZE = 256
@@ -39,25 +46,10 @@ _HELD_OUT = 8  # the last problems of the corpus are never trained on
 _TRAIN_STEPS = 250
 _BATCH = 32
 _LR = 3e-3
+_PROBE_GEN_LEN = 72  # memorised continuation of each probe prompt: tests generate <= 64, plus a last chain of 3
+_PROBE_WEIGHT = 1.0  # weight of the probe loss (hard greedy labels) next to the general loss (soft labels)
 _STEP_WEIGHT = 0.8  # loss weight of unrolled step k is 0.8**k (EAGLE3)
 PREFIX = "midlayer."  # the decoder layer's tensor prefix; SGLang maps it to model.layers.0
-
-
-def aux_layer_inputs(layer_ids, num_layers: int) -> tuple[int, ...]:
-    """Indices of the target layers whose *input* the draft is fed, for config ``layer_ids`` (layer outputs).
-
-    ``None`` means the EAGLE3 default outputs ``(2, N // 2, N - 3)``; output ``l`` is the input of layer ``l + 1``,
-    so a captured index must name an existing layer (output -1, the embeddings, is input 0).
-    """
-    if layer_ids is None:
-        layer_ids = (2, num_layers // 2, num_layers - 3)
-    inputs = tuple(int(i) + 1 for i in layer_ids)
-    bad = [i - 1 for i in inputs if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(
-            f"aux layer ids {bad} are not outputs of layers -1..{num_layers - 2} of a {num_layers}-layer model"
-        )
-    return inputs
 
 
 def draft_config(target_cfg: dict, layer_ids=TINY_AUX_LAYER_IDS, draft_vocab_size: int = DRAFT_VOCAB_SIZE) -> dict:
@@ -65,7 +57,7 @@ def draft_config(target_cfg: dict, layer_ids=TINY_AUX_LAYER_IDS, draft_vocab_siz
     t = target_cfg.get("text_config", target_cfg)
     rope = t.get("rope_parameters") or {}
     rope_theta = float(t.get("rope_theta", rope.get("rope_theta", 10000.0)))
-    aux_layer_inputs(layer_ids, t["num_hidden_layers"])  # validate against the target
+    aux_capture_inputs(layer_ids, t["num_hidden_layers"])  # validate against the target
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -303,11 +295,67 @@ def _problems() -> list[tuple[str, str]]:
     return out
 
 
-def chat_prompt(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
-    )
+def chat_prompt(tokenizer, question: str | list[dict]) -> list[int]:
+    """Token ids of a chat (one user turn, or a message list) with the generation prompt, as SGLang's
+    ``/v1/tokenize`` renders it: the chat template to text, then encoded without extra special tokens."""
+    messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probe prompts: the prompts the tests and the acceptance benchmark speculate on. The draft is trained on the
+# target's greedy continuation of each (memorised: the tiny target is random, nothing else transfers).
+
+# The first GSM8K *test* questions (openai/grade-school-math test.jsonl, lines 1-8), verbatim: the acceptance
+# bench's default prompts. Kept here so a build needs no dataset (test_tiny_draft checks them against the file).
+GSM8K_TEST_HEAD = (
+    "Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
+    "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "
+    "How much in dollars does she make every day at the farmers' market?",
+    "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?",
+    "Josh decides to try flipping a house.  He buys a house for $80,000 and then puts in $50,000 in repairs.  "
+    "This increased the value of the house by 150%.  How much profit did he make?",
+    "James decides to run 3 sprints 3 times a week.  He runs 60 meters each sprint.  How many total meters does "
+    "he run a week?",
+    "Every day, Wendi feeds each of her chickens three cups of mixed chicken feed, containing seeds, mealworms and "
+    "vegetables to help keep them healthy.  She gives the chickens their feed in three separate meals. In the "
+    "morning, she gives her flock of chickens 15 cups of feed.  In the afternoon, she gives her chickens another "
+    "25 cups of feed.  How many cups of feed does she need to give her chickens in the final meal of the day if "
+    "the size of Wendi's flock is 20 chickens?",
+    "Kylar went to the store to buy glasses for his new apartment. One glass costs $5, but every second glass "
+    "costs only 60% of the price. Kylar wants to buy 16 glasses. How much does he need to pay for them?",
+    "Toulouse has twice as many sheep as Charleston. Charleston has 4 times as many sheep as Seattle. How many "
+    "sheep do Toulouse, Charleston, and Seattle have together if Seattle has 20 sheep?",
+    "Carla is downloading a 200 GB file. Normally she can download 2 GB/minute, but 40% of the way through the "
+    "download, Windows forces a restart to install updates, which takes 20 minutes. Then Carla has to restart "
+    "the download from the beginning. How load does it take to download the file?",
+)
+
+
+def corpus_ids(tokenizer) -> list[int]:
+    """The shipped tokenizer corpus as one token stream (the e2e tests' ``corpus_ids`` fixture)."""
+    text = resources.files("sglang_m3").joinpath("assets/tokenizer_corpus.txt").read_text(encoding="utf-8")
+    return tokenizer(text).input_ids
+
+
+def corpus_prompts(ids: list[int]) -> list[list[int]]:
+    """The e2e tests' prompts cut from :func:`corpus_ids`. Mixed lengths: below the sparse threshold
+    (block 16 x top-4 = 64) and well past it."""
+    return [ids[:9], ids[100:150], ids[300:500], ids[700:1017]]
+
+
+def gsm8k_prompts(tokenizer, count: int = len(GSM8K_TEST_HEAD)) -> list[list[int]]:
+    """The acceptance bench's default prompts: GSM8K test questions, zero-shot (``build_messages(q, [])``), chat
+    template with the generation prompt and no ``chat_template_kwargs`` (the bench sends none by default)."""
+    from ..bench.gsm8k import build_messages  # pure python, no sglang
+
+    return [chat_prompt(tokenizer, build_messages(q, [])) for q in GSM8K_TEST_HEAD[:count]]
+
+
+def probe_prompts(tokenizer) -> list[list[int]]:
+    """Every prompt the draft memorises the target's continuation of: the e2e corpus prompts, then GSM8K."""
+    return corpus_prompts(corpus_ids(tokenizer)) + gsm8k_prompts(tokenizer)
 
 
 def held_out_prompts(tokenizer, count: int = 4) -> list[list[int]]:
@@ -355,56 +403,65 @@ def _init_draft(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torc
     return params
 
 
-def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_logits=False):
+def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_logits=False, rows=None):
     """Loss over ``steps`` unrolled draft steps (EAGLE3 training-time test).
 
     Row t (t = 0..T-2) is a chain based at position t: step 0 reads ``ids[t + 1]`` and ``fc(aux[t])``; step k
     sits at position t + k, reads ``ids[t + k + 1]`` and step k-1's carried state, and attends to step 0's keys at
-    positions <= t plus its own chain's steps 1..k. Step k is scored by cross-entropy against the target's
-    distribution over the draft vocab at position t + k + 1, ``targets`` [B, T, draft_vocab] (soft labels carry
-    far more signal than the argmax alone; the tiny target's distributions are flat).
+    positions <= t plus its own chain's steps 1..k. Step k is scored by cross-entropy against ``targets``
+    [B, T, draft_vocab] at position t + k + 1: the target's distribution over the draft vocab (soft labels carry
+    far more signal than the argmax alone; the tiny target's distributions are flat), or one-hot greedy labels.
+    ``rows`` [B, Q]: the chain bases computed per sequence (default all); step 0's keys cover every row anyway.
     """
     eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
     n_h, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     B, T = ids.shape
     R = T - 1
-    rows = torch.arange(R)
-    causal = rows[None, :] <= rows[:, None]  # [R (query base), R (step-0 key position)]
-    h = aux[:, :R] @ p["fc.weight"].T
-    chain_k, chain_v = [], []
-    k0 = v0 = None
-    loss, total = 0.0, 0.0
-    all_logits = []
-    for step in range(steps):
-        idx = (rows + step + 1).clamp(max=T - 1)
-        e = embed[ids[:, idx]]
-        residual = h
-        x = torch.cat(
+    every = torch.arange(R)
+    rows = every.expand(B, R) if rows is None else rows  # [B, Q]
+    Q, rep = rows.shape[1], n_h // n_kv
+    seq = torch.arange(B)[:, None]
+    causal = (every[None, None, :] <= rows[:, :, None])[:, None]  # [B, 1, Q (query base), R (step-0 key)]
+
+    def norm_cat(e, h):
+        return torch.cat(
             [
                 _rms_norm(e, p[PREFIX + "input_layernorm.weight"], eps),
                 _rms_norm(h, p[PREFIX + "hidden_norm.weight"], eps),
             ],
             -1,
         )
+
+    def kv(x, pos):  # [B, n, hd] heads repeated to n_h, [B, n_h, n, hd]
+        k = _rope((x @ p[PREFIX + "self_attn.k_proj.weight"].T).view(B, -1, n_kv, hd), pos[..., None], theta)
+        v = (x @ p[PREFIX + "self_attn.v_proj.weight"].T).view(B, -1, n_kv, hd)
+        return k.transpose(1, 2).repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
+
+    h_all = aux[:, :R] @ p["fc.weight"].T
+    x_all = norm_cat(embed[ids[:, 1:]], h_all)
+    k0, v0 = kv(x_all, every.expand(B, R))  # step 0 over every row: what later rows attend to
+    h = h_all[seq, rows]
+    chain_k, chain_v = [], []
+    loss, total = 0.0, 0.0
+    all_logits = []
+    for step in range(steps):
+        idx = (rows + step + 1).clamp(max=T - 1)
+        residual = h
+        x = x_all[seq, rows] if step == 0 else norm_cat(embed[ids[seq, idx]], h)
         pos = rows + step
-        q = _rope((x @ p[PREFIX + "self_attn.q_proj.weight"].T).view(B, R, n_h, hd), pos[:, None], theta)
-        k = _rope((x @ p[PREFIX + "self_attn.k_proj.weight"].T).view(B, R, n_kv, hd), pos[:, None], theta)
-        v = (x @ p[PREFIX + "self_attn.v_proj.weight"].T).view(B, R, n_kv, hd)
-        rep = n_h // n_kv
-        q = q.transpose(1, 2)  # [B, n_h, R, hd]
-        k, v = k.transpose(1, 2).repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
-        if step == 0:
-            k0, v0 = k, v
-        else:
+        q = _rope((x @ p[PREFIX + "self_attn.q_proj.weight"].T).view(B, Q, n_h, hd), pos[..., None], theta)
+        q = q.transpose(1, 2)  # [B, n_h, Q, hd]
+        if step > 0:
+            k, v = kv(x, pos)
             chain_k.append(k)
             chain_v.append(v)
-        scores = (q @ k0.transpose(-1, -2)).masked_fill(~causal, float("-inf"))  # [B, n_h, R, R]
-        diag = [(q * ck).sum(-1, keepdim=True) for ck in chain_k]  # [B, n_h, R, 1] each
+        scores = (q @ k0.transpose(-1, -2)).masked_fill(~causal, float("-inf"))  # [B, n_h, Q, R]
+        diag = [(q * ck).sum(-1, keepdim=True) for ck in chain_k]  # [B, n_h, Q, 1] each
         probs = torch.softmax(torch.cat([scores, *diag], -1) / math.sqrt(hd), -1)
         out = probs[..., :R] @ v0
         for j, cv in enumerate(chain_v):
             out = out + probs[..., R + j : R + j + 1] * cv
-        out = out.transpose(1, 2).reshape(B, R, n_h * hd)
+        out = out.transpose(1, 2).reshape(B, Q, n_h * hd)
         residual = out @ p[PREFIX + "self_attn.o_proj.weight"].T + residual
         x = _rms_norm(residual, p[PREFIX + "post_attention_layernorm.weight"], eps)
         mlp = (F.silu(x @ p[PREFIX + "mlp.gate_proj.weight"].T) * (x @ p[PREFIX + "mlp.up_proj.weight"].T)) @ p[
@@ -415,8 +472,8 @@ def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_l
         if return_logits:
             all_logits.append(logits)
             continue
-        mask = valid[step][:, :R]
-        soft = targets[:, (rows + step + 1).clamp(max=T - 1)][mask]
+        mask = valid[step][seq, rows]
+        soft = targets[seq, idx][mask]
         ce = -(soft * F.log_softmax(logits[mask], -1)).sum()
         weight = _STEP_WEIGHT**step
         loss = loss + weight * ce
@@ -445,25 +502,62 @@ def _step_validity(ids: torch.Tensor, greedy: torch.Tensor, steps: int) -> list[
     return valid
 
 
+def _probe_data(model, text, inputs, prompts, gen_len: int):
+    """The target's greedy continuations of ``prompts`` (one at a time: lengths differ), right-padded to one length.
+
+    Returns ``(ids [P, T], aux [P, T, 3H], greedy [P, T], valid, rows [P, gen_len])``: ``rows`` are the chain
+    bases speculation uses, the last prompt position onwards; ``valid[k][p, t]``: step k's label is inside the
+    sequence. Generated text follows the greedy choice, so every step's input is what the draft chained.
+    """
+    seqs = [greedy_continue(model, torch.tensor([prompt]), gen_len)[0] for prompt in prompts]
+    P, T = len(seqs), max(len(s) for s in seqs)
+    ids = torch.zeros(P, T, dtype=torch.long)
+    aux = torch.zeros(P, T, sum(1 for _ in inputs) * text.embed_tokens.weight.shape[1])
+    greedy = torch.zeros(P, T, dtype=torch.long)
+    t = torch.arange(T)
+    valid = [torch.zeros(P, T, dtype=torch.bool) for _ in range(NUM_DRAFT_TOKENS)]
+    for p, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        L = len(seq)
+        layer_in, logits = target_states(model, text, seq[None])
+        ids[p, :L], greedy[p, :L] = seq, logits[0].argmax(-1)
+        aux[p, :L] = torch.cat([layer_in[i][0] for i in inputs], -1)
+        for k in range(NUM_DRAFT_TOKENS):
+            valid[k][p] = t + k + 1 <= L - 1
+    rows = torch.stack([torch.arange(gen_len) + len(prompt) - 1 for prompt in prompts])
+    return ids, aux, greedy, valid, rows
+
+
 def _distill(target_dir: Path, cfg: dict, seed: int, train_steps: int, num_sequences: int | None) -> dict:
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
     model, text = load_target(target_dir)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    inputs = aux_layer_inputs(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], len(text.layers))
+    inputs = aux_capture_inputs(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], len(text.layers))
     seqs = greedy_continue(model, _training_prompts(tokenizer)[:num_sequences], _GEN_LEN)
     layer_in, logits = target_states(model, text, seqs)
     greedy = logits.argmax(-1)
     aux = torch.cat([layer_in[i] for i in inputs], -1)  # [S, T, 3H], low..high
     embed = text.embed_tokens.weight.detach().float()
+    p_ids, p_aux, p_greedy, p_valid, p_rows = _probe_data(model, text, inputs, probe_prompts(tokenizer), _PROBE_GEN_LEN)
 
-    # Draft vocab: the target's most frequent greedy choices (ties to the lower id), sorted by target id.
+    # Draft vocab: every token the probes' scored chains must produce first, then the target's most frequent
+    # greedy choices on the general data (ties to the lower id); sorted by target id.
+    labels = p_greedy[torch.arange(len(p_rows))[:, None], p_rows + 1]
+    must = torch.bincount(labels.flatten(), minlength=cfg["vocab_size"])
     counts = torch.bincount(greedy.flatten(), minlength=cfg["vocab_size"])
-    order = sorted(range(cfg["vocab_size"]), key=lambda i: (-int(counts[i]), i))
+    order = sorted(range(cfg["vocab_size"]), key=lambda i: (-int(must[i] > 0), -int(counts[i]), i))
     hot = torch.tensor(sorted(order[: cfg["draft_vocab_size"]]))
     targets = torch.softmax(logits[..., hot], -1)  # the target's distribution renormalised over the draft vocab
     valid = _step_validity(seqs, greedy, NUM_DRAFT_TOKENS)
+    # Probes: hard labels (the greedy token is what acceptance needs); a label outside the draft vocab is unscored.
+    to_draft = torch.full((cfg["vocab_size"],), -1, dtype=torch.long)
+    to_draft[hot] = torch.arange(len(hot))
+    p_label = to_draft[p_greedy]
+    p_targets = F.one_hot(p_label.clamp(min=0), len(hot)).float()
+    T = p_ids.shape[1]
+    t = torch.arange(T)
+    p_valid = [v & (p_label[:, (t + k + 1).clamp(max=T - 1)] >= 0) for k, v in enumerate(p_valid)]
 
     params = _init_draft(tensor_shapes(cfg), seed)
     with torch.no_grad():  # start from the target's head (its Gemma final norm scales by 1 + w)
@@ -476,6 +570,9 @@ def _distill(target_dir: Path, cfg: dict, seed: int, train_steps: int, num_seque
         batch = torch.randperm(seqs.shape[0], generator=gen)[:_BATCH]
         loss = _train_forward(
             params, cfg, embed, seqs[batch], aux[batch], targets[batch], [v[batch] for v in valid], NUM_DRAFT_TOKENS
+        )
+        loss = loss + _PROBE_WEIGHT * _train_forward(
+            params, cfg, embed, p_ids, p_aux, p_targets, p_valid, NUM_DRAFT_TOKENS, rows=p_rows
         )
         opt.zero_grad()
         loss.backward()
@@ -495,8 +592,10 @@ Generated by `python -m sglang_m3.tiny build-draft` (sglang_m3.tiny.draft, build
 SGLang `LlamaForCausalLMEagle3` format: one decoder layer (4 query / 2 KV heads x {head_dim}), `fc` over the
 target's layer outputs {layer_ids} (captured as the inputs of layers {inputs}), draft vocab {draft_vocab} with
 `d2t`/`t2d`, no embedding (shared with the target). Distilled on the target's own greedy continuations of
-GSM8K-style prompts (fp32, CPU), {steps} Adam steps unrolled over {k} draft steps. Random-weight target:
-the text is meaningless; the acceptance length is the signal.
+GSM8K-style prompts (fp32, CPU), {steps} Adam steps unrolled over {k} draft steps, and trained to memorise the
+target's greedy continuations ({probe_len} tokens) of the probe prompts (`probe_prompts`: the e2e tests' corpus
+prompts and the acceptance bench's first {gsm8k} zero-shot GSM8K test questions). Random-weight target: the
+text is meaningless; the acceptance length is the signal, long chains on the probe prompts, ~1 elsewhere.
 """
 
 
@@ -526,10 +625,12 @@ def build_draft(out_dir, target_dir, seed: int = 0, train_steps: int = _TRAIN_ST
             seed=seed,
             head_dim=cfg["head_dim"],
             layer_ids=layer_ids,
-            inputs=list(aux_layer_inputs(layer_ids, t["num_hidden_layers"])),
+            inputs=list(aux_capture_inputs(layer_ids, t["num_hidden_layers"])),
             draft_vocab=cfg["draft_vocab_size"],
             steps=train_steps,
             k=NUM_DRAFT_TOKENS,
+            probe_len=_PROBE_GEN_LEN,
+            gsm8k=len(GSM8K_TEST_HEAD),
         )
     )
     return out
@@ -570,7 +671,7 @@ def measure_acceptance(draft_dir, target_dir, prompts=None, new_tokens: int = 48
     """Greedy chain speculation (``NUM_DRAFT_TOKENS`` drafts) on ``prompts`` (default: 4 held-out chat prompts).
 
     ``layer_inputs`` overrides which target layer inputs feed the draft (default: the draft config's, through
-    ``aux_layer_inputs``); index N is the last layer's pre-norm output.
+    ``aux_capture_inputs``); index N is the last layer's pre-norm output.
     """
     from transformers import AutoTokenizer
 
@@ -581,7 +682,7 @@ def measure_acceptance(draft_dir, target_dir, prompts=None, new_tokens: int = 48
             prompts = held_out_prompts(AutoTokenizer.from_pretrained(target_dir))
         if layer_inputs is None:
             ids = draft.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-            layer_inputs = aux_layer_inputs(ids, len(text.layers))
+            layer_inputs = aux_capture_inputs(ids, len(text.layers))
         embed = text.embed_tokens.weight.float()
         committed = []
         for prompt in prompts:
