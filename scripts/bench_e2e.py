@@ -36,22 +36,32 @@ def parse_args(argv=None):
     p.add_argument("--draft-path", default=None, help="EAGLE3 draft (default: the embedded tiny draft)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
     p.add_argument("--batches", default="1,8", help="comma list of batch sizes")
+    p.add_argument(
+        "--prompts",
+        default="corpus",
+        choices=["corpus", "probe"],
+        help="corpus: distinct --input-len cuts of the shipped corpus; probe: the prompts the tiny draft memorised "
+        "(acceptance near its maximum: the worker's cost and benefit at high acceptance, not a real draft's)",
+    )
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool size (small pools start fast)")
     p.add_argument("--out", default="bench_results/e2e.json", help="JSON output path")
     return p.parse_args(argv)
 
 
-def prompts(tokenizer_path: str, n: int, length: int) -> list[list[int]]:
-    """``n`` distinct prompts of ``length`` tokens cut from the shipped corpus (no radix hits)."""
-    from importlib import resources
-
+def prompts(args, n: int) -> list[list[int]]:
+    """``n`` prompts: distinct corpus cuts of ``--input-len`` tokens (no radix hits), or the probe set."""
+    from sglang_m3.tiny.draft import corpus_ids, probe_prompts
     from transformers import AutoTokenizer
 
-    text = resources.files("sglang_m3").joinpath("assets/tokenizer_corpus.txt").read_text()
-    ids = AutoTokenizer.from_pretrained(tokenizer_path)(text).input_ids
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    if args.prompts == "probe":
+        probe = probe_prompts(tokenizer)
+        return [probe[i % len(probe)] for i in range(n)]
+    ids, length = corpus_ids(tokenizer), args.input_len
     return [ids[i * length + i : (i + 1) * length + i] for i in range(n)]
 
 
@@ -64,8 +74,9 @@ def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
         dtype=args.dtype,
         log_level="error",
         mem_fraction_static=0.5,
+        max_total_tokens=args.max_total_tokens,
         disable_cuda_graph=not mode.endswith("graphs"),
-        cuda_graph_max_bs=max(batches),
+        cuda_graph_max_bs_decode=max(batches),
     )
     if mode.startswith("eagle3"):
         engine_args.update(SPEC, speculative_draft_model_path=args.draft_path)
@@ -73,7 +84,7 @@ def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
     records = []
     try:
         for bs in batches:
-            batch = prompts(args.model_path, bs, args.input_len)
+            batch = prompts(args, bs)
             sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
             engine.generate(input_ids=batch, sampling_params=sampling)  # warm-up (and graph paths)
             engine.flush_cache()  # no radix hits in the timed round
@@ -107,7 +118,17 @@ def main(argv=None) -> dict:
     args.model_path = args.model_path or str(default_checkpoint("m3-tiny", "vl"))
     args.draft_path = args.draft_path or str(default_draft("m3-tiny"))
     batches = [int(b) for b in args.batches.split(",")]
-    records = [r for mode in args.modes.split(",") for r in run_mode(mode, args, batches)]
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = []
+    for mode in args.modes.split(","):
+        records += run_mode(mode, args, batches)
+        _write(out, args, records)  # after every mode: a later failure keeps what was measured
+    print(f"wrote {out}")
+    return json.loads(out.read_text())
+
+
+def _write(out: pathlib.Path, args, records: list[dict]) -> None:
     base = {r["batch"]: r["output_tokens_per_s"] for r in records if r["mode"] == "eager"}
     for r in records:
         r["vs_eager"] = r["output_tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
@@ -116,6 +137,7 @@ def main(argv=None) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model_path=args.model_path,
         draft_path=args.draft_path,
+        prompts=args.prompts,
         input_len=args.input_len,
         output_len=args.output_len,
         dtype=args.dtype,
@@ -127,11 +149,7 @@ def main(argv=None) -> dict:
         summary["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     except Exception:  # noqa: BLE001 -- informational only
         pass
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))
-    print(f"wrote {out}")
-    return summary
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ architecture name inside these functions):
   ``--kv-cache-dtype nvfp4`` only on Blackwell with its own backends; for M3 it
   selects our hybrid layout, whose NVFP4 pages are dequantised inside our kernels
   (Hopper) or the references (CPU).
+* ``ServerArgs._apply_cuda_graph_compatibility`` (AROUND): M3 prefill runs eagerly
+  (its MSA plans are data-dependent); SGLang's default breakable prefill graphs
+  are switched off for it, and an explicit request for them is refused. Model
+  overrides cannot declare graph settings in 0.5.17.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -104,6 +108,7 @@ def register() -> None:
         ("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", _assign_req_to_token, HookType.AROUND),
         ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
         ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
+        ("sglang.srt.server_args.ServerArgs._apply_cuda_graph_compatibility", _decode_graphs_only, HookType.AROUND),
         ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
     ]
     for target, hook, kind in hooks:
@@ -222,6 +227,23 @@ def _support_triton(original, backend):
     if backend == BACKEND_NAME and not torch.cuda.is_available():
         return False
     return original(backend)
+
+
+def _decode_graphs_only(original, self):
+    original(self)
+    if not is_m3_config(self.get_model_config().hf_config):
+        return
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+
+    if self.cuda_graph_config.prefill.backend == Backend.DISABLED:
+        return
+    if (Phase.PREFILL, "backend") in self._cuda_graph_config_locked:
+        raise ValueError(
+            f"prefill CUDA graph backend={self.cuda_graph_config.prefill.backend!r}: sglang-m3 captures decode and "
+            "verify only (MSA prefill plans are data-dependent); use the 'disabled' prefill backend"
+        )
+    logger.info("sglang-m3: prefill CUDA graphs off for MiniMax-M3 (decode and verify are captured)")
+    self.cuda_graph_config.prefill.backend = Backend.DISABLED
 
 
 def _kv4_check(original, self):

@@ -19,7 +19,7 @@ from .parity_helpers import engine_greedy, used_tokens_settle_to_zero
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 NEW = 40
 BASE = dict(device="cuda", dtype="float32", log_level="error", max_total_tokens=8192, mem_fraction_static=0.3)
-GRAPHS = dict(BASE, disable_cuda_graph=False, cuda_graph_max_bs=8)
+GRAPHS = dict(BASE, disable_cuda_graph=False, cuda_graph_max_bs_decode=8)
 EAGER = dict(BASE, disable_cuda_graph=True)
 
 
