@@ -66,4 +66,5 @@ def test_token_exact_against_eager_decode(runs, variant):
 def test_eagle3_accepts_drafts_on_gpu(runs):
     for variant in ("eagle3_eager", "eagle3_graphs"):
         steps = runs[variant][2]
-        assert all(s is not None and s < 12 for s in steps), (variant, steps)  # fewer verify steps than tokens
+        # 12 tokens: 1 from the prefill, 11 from verify steps; the draft memorised these prompts' continuations.
+        assert all(s is not None and s <= 6 for s in steps), (variant, steps)
