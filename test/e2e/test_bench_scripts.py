@@ -85,6 +85,7 @@ def test_acceptance_against_our_eagle3_server(spec_server_url, tmp_path):
     assert summary["num_draft_tokens"] == 3  # read from the server's speculative_num_steps
     hist = summary["accepted_drafts_histogram"]
     assert len(hist) == 4 and sum(hist) == summary["total_verify_steps"]
-    assert summary["mean_acceptance_length"] >= 1.0
+    # The first GSM8K test questions are among the prompts the tiny draft memorised.
+    assert summary["mean_acceptance_length"] > 3.0 and hist[3] > 0
     assert summary["per_position_acceptance"] == sorted(summary["per_position_acceptance"], reverse=True)
     assert out.exists() and (tmp_path / "acceptance.png").exists()

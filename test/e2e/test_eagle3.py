@@ -2,9 +2,9 @@
 
 Greedy speculative output must equal greedy non-speculative output token for token
 (fp32 model and KV): verify runs the MSA ladder, so any misplaced row, position,
-page or draft-KV slot shows up as a different token. The distilled tiny draft gets
-whole chains accepted, so the accepted paths (not just rejections) are exercised,
-and decode chains cross MSA block boundaries (block 16) many times.
+page or draft-KV slot shows up as a different token. The tiny draft memorised the
+target's continuations of these prompts, so whole chains are accepted and the accepted
+paths (not just rejections) are exercised; chains cross MSA block boundaries (block 16).
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def test_greedy_speculation_is_token_exact(spec_engine, reference, prompts):
     assert [o["output_ids"] for o in outs] == reference[0]
     steps = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    # Drafts were accepted: fewer verify steps than the tokens they committed (the prefill emits one).
-    assert steps < tokens - len(prompts), (steps, tokens)
+    # The tiny draft memorised these prompts' continuations: whole 3-token chains are accepted.
+    assert (tokens - len(prompts)) / steps > 3.0, (steps, tokens)  # the prefill emits one token each
+    assert all(o["meta_info"]["spec_correct_drafts_histogram"][3] > 0 for o in outs)
 
 
 def test_single_requests_match_the_batch(spec_engine, reference, prompts):

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from sglang_m3.tiny import default_checkpoint
 from sglang_m3.tiny import draft as D
+from sglang_m3.tiny.distill import _train_forward
 
 RELEASED_CONFIG = Path("/work/shared/data/minimax-m3/config.json")
 # Mean tokens per verify (3 drafts + 1 bonus, max 4), build version 2. Measured: corpus probes 4.0 (4 prompts),
@@ -122,7 +123,7 @@ def test_reference_matches_training_forward(draft, target):
     logits_ref, carried, _, cache = D.draft_forward_ref(d, embed, ids[0, 1:], aux[0, :-1], torch.arange(31))
     params = {k: v for k, v in d.tensors.items() if k not in ("d2t", "t2d")}
     valid = [torch.ones(1, 32, dtype=torch.bool)]
-    (logits_train,) = D._train_forward(params, d.config, embed, ids, aux, None, valid, 1, return_logits=True)
+    (logits_train,) = _train_forward(params, d.config, embed, ids, aux, None, valid, 1, return_logits=True)
     torch.testing.assert_close(logits_train[0], logits_ref, rtol=1e-4, atol=1e-4)
     # A decode step on a cache prefix equals the extend row at that position when fed the same inputs.
     prefix = (cache[0][:10], cache[1][:10])

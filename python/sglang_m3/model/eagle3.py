@@ -97,7 +97,6 @@ class M3Eagle3Draft(nn.Module):
         self.logits_processor = LogitsProcessor(logits_config)
         self.embed = None  # the target's embedding, shared (``set_embed``)
         self.hot_token_id = None  # [draft_vocab] target ids, from ``d2t``
-        self.load_lm_head_from_target = False
 
     def set_embed(self, embed: torch.Tensor) -> None:
         self.embed = embed

@@ -171,13 +171,18 @@ def cache_root() -> Path:
 
 def default_checkpoint(name: str = "m3-tiny", variant: str = "vl") -> Path:
     """Path of the cached checkpoint, building it on first use (atomic, safe across processes)."""
-    final = cache_root() / f"{name}-{variant}-v{BUILD_VERSION}"
+    return cached(cache_root() / f"{name}-{variant}-v{BUILD_VERSION}", lambda tmp: build_checkpoint(tmp, name, variant))
+
+
+def cached(final: Path, build) -> Path:
+    """``final`` if it was built before, else ``build(tmp)`` into a fresh folder beside it, renamed
+    into place: atomic, and safe when several processes build at once."""
     if (final / "config.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        build_checkpoint(tmp, name, variant)
+        build(tmp)
         try:
             tmp.rename(final)
         except OSError:  # another process finished first
