@@ -16,10 +16,12 @@ architecture name inside these functions):
   backend into its own MiniMax hybrid backend; ours is returned unwrapped.
 * ``KVCacheConfigurator._build_minimax_sparse_kv_pool`` (REPLACE): our pool,
   built from the parsed config (SGLang's reads only the released spelling).
-* ``DefaultPoolConfigurator.__init__`` (AFTER): the exact M3 bytes/token for
-  the memory budget, EAGLE3 draft layers included (SGLang's own draft term scales
-  the target's per-layer average, which undercounts an FP8 draft beside NVFP4
-  sparse layers).
+* ``DefaultPoolConfigurator._compute_cell_size`` (AROUND) and ``__init__``
+  (AFTER): the exact M3 bytes/token for the memory budget, EAGLE3 draft layers
+  included. SGLang's own M3 branch reads only the released config spelling, and
+  its draft term scales the target's per-layer average afterwards (which
+  undercounts an FP8 draft beside NVFP4 sparse layers): the AFTER hook puts the
+  exact value back.
 * ``KVCacheConfigurator._init_pools`` (AROUND): the EAGLE3 draft runner gets a
   view of the target's M3 pool (its layers live there, DESIGN section 6)
   instead of a pool of its own.
@@ -91,7 +93,12 @@ def register() -> None:
             _build_kv_pool,
             HookType.REPLACE,
         ),
-        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", _cell_size, HookType.AFTER),
+        (
+            "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+            _cell_size,
+            HookType.AROUND,
+        ),
+        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", _draft_term, HookType.AFTER),
         ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._init_pools", _draft_pools, HookType.AROUND),
         ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _spec_worker, HookType.AROUND),
         (
@@ -150,15 +157,27 @@ def _build_kv_pool(self, *, max_total_num_tokens: int):
     return build_kv_pool(self, max_total_num_tokens)
 
 
-def _cell_size(result, self, kvc) -> None:
+def _exact_cell_size(kvc) -> int | None:
+    """Exact KV bytes per token of an M3 target, EAGLE3 draft layers included (None otherwise)."""
     if kvc.is_draft_worker or not is_m3_config(kvc.model_config.hf_config):
-        return
+        return None
     from .mem.kv_pool import draft_kv_heads
     from .mem.layout import bytes_per_token, layout_for
 
     cfg = M3Config.from_hf(kvc.model_config.hf_config)
     layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
-    self._cell_size = bytes_per_token(cfg, layout, draft_kv_heads(kvc.server_args, cfg))["total"]
+    return bytes_per_token(cfg, layout, draft_kv_heads(kvc.server_args, cfg))["total"]
+
+
+def _cell_size(original, self, kvc, num_layers: int) -> int:
+    exact = _exact_cell_size(kvc)
+    return original(self, kvc, num_layers) if exact is None else exact
+
+
+def _draft_term(result, self, kvc) -> None:
+    exact = _exact_cell_size(kvc)
+    if exact is not None:
+        self._cell_size = exact  # undo SGLang's draft scaling by the target's average layer
 
 
 def _draft_pools(original, self, *, sizes, req_to_token_pool, token_to_kv_pool_allocator):
