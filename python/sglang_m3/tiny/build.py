@@ -23,7 +23,7 @@ import torch
 from .configs import TINY_CONFIGS
 from .tokenizer import train_tokenizer
 
-BUILD_VERSION = 1  # bump when the output of a given (name, variant, seed) changes
+BUILD_VERSION = 2  # bump when the output of a given (name, variant, seed) changes
 VOCAB_SIZE = 512
 _VISION = dict(
     hidden_size=32,
@@ -121,7 +121,7 @@ def build_checkpoint(out_dir: str | os.PathLike, name: str = "m3-tiny", variant:
         raise ValueError(f"unknown variant={variant!r}; choose 'vl' or 'text'")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(VOCAB_SIZE, out)
+    tok = train_tokenizer(VOCAB_SIZE, out, TINY_CONFIGS[name]["max_position_embeddings"])
     if len(tok) != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer has {len(tok)} tokens, expected {VOCAB_SIZE}")
     eos = tok.convert_tokens_to_ids("<|im_end|>")

@@ -12,8 +12,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(vocab_size: int, out_dir: Path):
-    """Train on ``assets/tokenizer_corpus.txt``; write tokenizer files into ``out_dir``; return the tokenizer."""
+def train_tokenizer(vocab_size: int, out_dir: Path, model_max_length: int):
+    """Train on ``assets/tokenizer_corpus.txt``; write tokenizer files into ``out_dir``; return the tokenizer.
+
+    ``model_max_length`` must be set like a released tokenizer's: transformers' default (1e30) does not
+    fit in 64 bits, and SGLang's ``/v1/tokenize`` returns it (as ``max_model_len``), failing with HTTP 500.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -30,7 +34,11 @@ def train_tokenizer(vocab_size: int, out_dir: Path):
     )
     tok.train_from_iterator(lines, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=model_max_length,
     )
     fast.save_pretrained(out_dir)
     return fast
