@@ -116,7 +116,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             shifted[start : start + n - 1] = batch.input_ids[start + 1 : start + n]
             shifted[start + n - 1] = tail[i]
             start += n
-        lo = self._run(
+        lo, _ = self._run(
             self.draft_runner,
             batch,
             ForwardMode.EXTEND,
@@ -141,7 +141,7 @@ class M3Eagle3Worker(BaseSpecWorker):
 
         drafts, hidden = [info.topk_index[:, 0]], info.hidden_states
         for j in range(1, K):  # draft decode at position s + j - 1 predicts d_{j+1}
-            lo = self._run(
+            lo, _ = self._run(
                 self.draft_runner,
                 batch,
                 ForwardMode.DECODE,
@@ -156,7 +156,7 @@ class M3Eagle3Worker(BaseSpecWorker):
         draft = torch.stack(drafts, dim=1)  # [bs, K]
 
         verify_ids = torch.cat([info.bonus_tokens.to(draft.dtype).unsqueeze(1), draft], dim=1)  # [bs, R]
-        lo = self._run(
+        lo, graphed = self._run(
             self.target_worker.model_runner,
             batch,
             ForwardMode.TARGET_VERIFY,
@@ -176,7 +176,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             on_publish(new_seq_lens)
 
         # Catch-up: row t gets token t + 1 (= tokens[t] where accepted) and the target's hidden of row t.
-        dlo = self._run(
+        dlo, _ = self._run(
             self.draft_runner,
             batch,
             ForwardMode.TARGET_VERIFY,
@@ -198,7 +198,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
             speculative_num_draft_tokens=R,
             next_draft_input=self._draft_input(dlo.next_token_logits[last], dlo.hidden_states[last], bonus),
-            can_run_cuda_graph=False,
+            can_run_cuda_graph=graphed,
         )
 
     def _accept(self, batch, draft, logits):
@@ -227,7 +227,7 @@ class M3Eagle3Worker(BaseSpecWorker):
 
     # -- helpers --------------------------------------------------------------------------
     def _run(self, runner, batch, mode, *, input_ids, out_cache_loc, seq_lens, spec_info, capture):
-        """One forward of ``runner`` over ``batch``'s requests with the given rows."""
+        """One forward of ``runner`` over the batch's requests with the given rows; (logits, graph replayed)."""
         b = copy.copy(batch)  # shallow: the scheduler's batch keeps its own fields
         b.forward_mode, b.input_ids, b.out_cache_loc, b.spec_info = mode, input_ids, out_cache_loc, spec_info
         b.seq_lens = seq_lens
@@ -235,7 +235,8 @@ class M3Eagle3Worker(BaseSpecWorker):
         b.seq_lens_sum = None
         b.return_logprob = False
         fb = ForwardBatch.init_new(b, runner, capture_hidden_mode=capture, return_hidden_states_before_norm=False)
-        return runner.forward(fb).logits_output
+        out = runner.forward(fb)
+        return out.logits_output, out.can_run_graph
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
