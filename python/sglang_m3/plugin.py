@@ -42,6 +42,10 @@ architecture name inside these functions):
   (its MSA plans are data-dependent); SGLang's default breakable prefill graphs
   are switched off for it, and an explicit request for them is refused. Model
   overrides cannot declare graph settings in 0.5.17.
+* ``TokenizerManager._validate_one_request`` (BEFORE): under EAGLE3, requests
+  with sampling features the chain verify does not apply (grammars, penalties,
+  logit bias, ...) are refused at admission (``spec/admission.py``); SGLang has
+  no per-worker admission hook.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -117,6 +121,11 @@ def register() -> None:
         ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
         ("sglang.srt.server_args.ServerArgs._apply_cuda_graph_compatibility", _decode_graphs_only, HookType.AROUND),
         ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
+        (
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+            _admit_speculative,
+            HookType.BEFORE,
+        ),
     ]
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)
@@ -263,6 +272,14 @@ def _decode_graphs_only(original, self):
         )
     logger.info("sglang-m3: prefill CUDA graphs off for MiniMax-M3 (decode and verify are captured)")
     self.cuda_graph_config.prefill.backend = Backend.DISABLED
+
+
+def _admit_speculative(self, obj, input_ids):
+    if getattr(self.server_args, "speculative_algorithm", None) and is_m3_config(self.model_config.hf_config):
+        from .spec.admission import check_sampling_params
+
+        params = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else None
+        check_sampling_params(params, getattr(obj, "custom_logit_processor", None))
 
 
 def _kv4_check(original, self):

@@ -99,3 +99,10 @@ def test_sampling_runs_and_frees_every_slot(spec_engine, prompts):
     spec_engine.flush_cache()
     # Every slot is back, over-allocated draft slots included (the draft KV shares the target's).
     assert used_tokens_settle_to_zero(spec_engine)
+
+
+def test_unsupported_sampling_is_refused_at_admission(spec_engine, prompts):
+    with pytest.raises(ValueError, match=r"sampling_params.regex='\[0-9\]\+'"):
+        spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4, "regex": "[0-9]+"})
+    out = spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4, "temperature": 0})
+    assert len(out[0]["output_ids"]) == 4  # the engine keeps serving

@@ -73,3 +73,31 @@ def test_target_probs_masks(top_k, top_p, min_p, kept):
     assert int((p > 0).sum()) == kept
     assert torch.allclose(p.sum(), torch.tensor(1.0))
     assert p[0, 0] == p.max()  # the best token always survives, order is kept
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"regex": "[0-9]+"}, "regex"),
+        ({"json_schema": "{}"}, "json_schema"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"min_new_tokens": 4}, "min_new_tokens"),
+        ({"logit_bias": {"5": 2.0}}, "logit_bias"),
+    ],
+)
+def test_admission_refuses_what_verify_does_not_apply(params, field):
+    from sglang_m3.spec.admission import check_sampling_params
+
+    with pytest.raises(ValueError, match=f"sampling_params.{field}="):
+        check_sampling_params({"temperature": 0.7, **params})
+
+
+def test_admission_accepts_plain_sampling():
+    from sglang_m3.spec.admission import check_sampling_params
+
+    neutral = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "logit_bias": {}, "regex": None}
+    check_sampling_params({"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.1, **neutral})
+    check_sampling_params(None)
+    with pytest.raises(ValueError, match="custom_logit_processor"):
+        check_sampling_params({}, custom_logit_processor="serialized")
