@@ -106,3 +106,30 @@ def test_unsupported_sampling_is_refused_at_admission(spec_engine, prompts):
         spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4, "regex": "[0-9]+"})
     out = spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4, "temperature": 0})
     assert len(out[0]["output_ids"]) == 4  # the engine keeps serving
+
+
+def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, spec_engine, corpus_ids):
+    """24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
+    queueing, retraction (the draft's reserved slots are released with the rest), radix hits on the
+    shared prefix, and a draft prefill pass spanning chunks; outputs equal a roomy speculative engine
+    (itself token-exact against plain decoding above) and no slot leaks."""
+    prompts = [corpus_ids[:32] + corpus_ids[100 + i * 37 : 108 + i * 42] for i in range(24)]  # 40..155 tokens
+    sampling = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    want = [o["output_ids"] for o in spec_engine.generate(input_ids=prompts, sampling_params=sampling)]
+    args = dict(
+        ENGINE_ARGS,
+        max_total_tokens=640,
+        chunked_prefill_size=64,
+        max_running_requests=24,
+        schedule_conservativeness=0.05,
+    )
+    engine = sgl.Engine(model_path=str(tiny_vl), speculative_draft_model_path=str(tiny_draft), **SPEC_ARGS, **args)
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=sampling)
+        assert [o["output_ids"] for o in outs] == want
+        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0  # the pool ran dry mid-decode
+        assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0
+        engine.flush_cache()
+        assert used_tokens_settle_to_zero(engine)
+    finally:
+        engine.shutdown()
