@@ -147,7 +147,6 @@ class DraftConfig:
 
     num_layers: int
     num_kv_heads: int
-    aux_layer_ids: tuple[int, ...] | None  # ``eagle_aux_hidden_state_layer_ids``: layer *outputs*
 
     @classmethod
     def from_path(cls, path: str, target: "M3Config") -> "DraftConfig":
@@ -177,12 +176,11 @@ class DraftConfig:
             raise M3ConfigError(
                 f"draft num_hidden_layers={d.get('num_hidden_layers')}: sglang-m3 serves 1-layer drafts"
             )
-        ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        aux_capture_inputs(ids, target.num_layers)  # refuses ids the target does not have
+        # Refuse aux layer ids the target does not have (SGLang hands them to the target model).
+        aux_capture_inputs((d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"), target.num_layers)
         return cls(
             num_layers=_req(d, "num_hidden_layers"),
             num_kv_heads=d.get("num_key_value_heads", heads),
-            aux_layer_ids=tuple(ids) if ids is not None else None,
         )
 
 

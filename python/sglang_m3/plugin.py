@@ -179,14 +179,13 @@ def _exact_cell_size(kvc) -> int | None:
 
 
 def _cell_size(original, self, kvc, num_layers: int) -> int:
-    exact = _exact_cell_size(kvc)
-    return original(self, kvc, num_layers) if exact is None else exact
+    self._m3_cell_size = _exact_cell_size(kvc)
+    return original(self, kvc, num_layers) if self._m3_cell_size is None else self._m3_cell_size
 
 
 def _draft_term(result, self, kvc) -> None:
-    exact = _exact_cell_size(kvc)
-    if exact is not None:
-        self._cell_size = exact  # undo SGLang's draft scaling by the target's average layer
+    if getattr(self, "_m3_cell_size", None) is not None:
+        self._cell_size = self._m3_cell_size  # undo SGLang's draft scaling by the target's average layer
 
 
 def _draft_pools(original, self, *, sizes, req_to_token_pool, token_to_kv_pool_allocator):

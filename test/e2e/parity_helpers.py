@@ -32,6 +32,16 @@ def engine_greedy(engine, prompts: list[list[int]], new: int = NEW_TOKENS) -> li
     return [o["output_ids"] for o in outs]
 
 
+def engine_output_logprobs(engine, prompts: list[list[int]], new: int = 12) -> tuple[list[list[float]], list[dict]]:
+    """Greedy continuations' own log-probs per prompt (``new`` tokens, EOS ignored), and the raw outputs."""
+    outs = engine.generate(
+        input_ids=prompts,
+        sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True},
+        return_logprob=True,
+    )
+    return [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs], outs
+
+
 def run_per_kv_dtype(model_path, kv_dtypes, prompts, engine_args, new: int = NEW_TOKENS) -> dict:
     """``{kv_dtype: (prompt log-probs per prompt, greedy outputs)}``, one engine at a time."""
     import sglang as sgl

@@ -13,7 +13,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy, used_tokens_settle_to_zero
+from .parity_helpers import engine_greedy, engine_output_logprobs, used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def reference(tiny_vl, prompts):
     engine = sgl.Engine(model_path=str(tiny_vl), **ENGINE_ARGS)
     try:
         greedy = engine_greedy(engine, prompts, NEW)
-        logprobs = _output_logprobs(engine, prompts[:2])
+        logprobs, _ = engine_output_logprobs(engine, prompts[:2])
     finally:
         engine.shutdown()
     return greedy, logprobs
@@ -44,15 +44,6 @@ def spec_engine(tiny_vl, tiny_draft, reference):
     )
     yield engine
     engine.shutdown()
-
-
-def _output_logprobs(engine, prompts):
-    outs = engine.generate(
-        input_ids=prompts,
-        sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-        return_logprob=True,
-    )
-    return [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]
 
 
 def test_greedy_speculation_is_token_exact(spec_engine, reference, prompts):
@@ -76,7 +67,7 @@ def test_single_requests_match_the_batch(spec_engine, reference, prompts):
 
 
 def test_output_logprobs_match_plain_decoding(spec_engine, reference, prompts):
-    spec = _output_logprobs(spec_engine, prompts[:2])
+    spec, _ = engine_output_logprobs(spec_engine, prompts[:2])
     for got, want in zip(spec, reference[1]):
         assert got == pytest.approx(want, abs=1e-4)
 

@@ -14,7 +14,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy, used_tokens_settle_to_zero
+from .parity_helpers import engine_greedy, engine_output_logprobs, used_tokens_settle_to_zero
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 NEW = 40
@@ -27,12 +27,7 @@ def _run(model, args, prompts, **extra):
     engine = sgl.Engine(model_path=str(model), **args, **extra)
     try:
         greedy = engine_greedy(engine, prompts, NEW)
-        outs = engine.generate(
-            input_ids=prompts[:2],
-            sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-            return_logprob=True,
-        )
-        logprobs = [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]
+        logprobs, outs = engine_output_logprobs(engine, prompts[:2])
         stats = [o["meta_info"].get("spec_verify_ct") for o in outs]
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)

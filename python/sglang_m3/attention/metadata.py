@@ -33,13 +33,8 @@ def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, p
 
 
 def plan_decode(req_to_token, req_pool_indices, seq_lens, page_size: int) -> MSAMetadata:
-    """One row per request at position ``seq_len - 1`` (the token being decoded)."""
-    batch = req_pool_indices.shape[0]
-    return MSAMetadata(
-        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
-        row_req=torch.arange(batch, device=seq_lens.device),
-        row_pos=seq_lens.long() - 1,
-    )
+    """One row per request at position ``seq_len - 1`` (the token being decoded): the one-row ladder."""
+    return plan_verify(req_to_token, req_pool_indices, seq_lens - 1, 1, page_size)
 
 
 def plan_extend(req_to_token, req_pool_indices, prefix_lens, extend_lens, page_size: int) -> MSAMetadata:
