@@ -275,3 +275,59 @@ def test_fused_merge_and_nvfp4_decode_variants_agree(monkeypatch, kind):
         outs.append(got.float())
     for o in outs[1:]:  # same dots, only the merge's summation order differs
         torch.testing.assert_close(o, outs[0], atol=2.0**-8, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["tp4_decode_only", "small_prefill"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("ikind", ["bf16", "fp8"])
+def test_decode_one_launch_equals_two_step_path(case, kind, ikind):
+    """msa_decode (one persistent launch) vs msa_topk + msa_attention and vs the references.
+
+    One decode row per request; the ids must equal the two-step kernels' exactly (same score
+    arithmetic) and the output may differ only by the merge's summation order. Then a CUDA
+    graph of it replays on new positions, page tables and data equal to eager launches.
+    """
+    from sglang_m3_kernels.msa_decode import msa_decode, msa_decode_ref
+
+    lens, block, topk, hkv, group, _, _ = CASES[case]
+    pt, rr, rp, slots = make_batch(lens, block, seed=17)
+    perm = torch.randperm(len(rr), device=DEV)  # rows need not be in request order
+    rr, rp = rr[perm].contiguous(), rp[perm].contiguous()
+    g = torch.Generator(device=DEV).manual_seed(hash((case, kind, ikind)) % 2**31)
+    q = torch.randn(len(rr), hkv * group, 128, device=DEV, generator=g)
+    q = q if kind == "fp32" else q.to(torch.bfloat16)
+    iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g).to(q.dtype)
+    (ikc, iks, _), ikview = make_cache(ikind, slots, 1, 128, g)
+    ikc, ikview = ikc[:, 0], ikview[:, 0]
+    (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
+    (vc, vs, vsc), vview = make_cache(kind, slots, hkv, 128, g)
+    sel = dict(block_size=block, topk=topk, local_blocks=1)
+    kv = dict(k_scale=ks, v_scale=vs, k_scales=ksc, v_scales=vsc)
+
+    def fused():
+        return msa_decode(iq, ikc, q, kc, vc, pt, rr, rp, scale=128**-0.5, index_k_scale=iks, **sel, **kv)
+
+    def two_step():
+        ids = msa_topk(iq, ikc, pt, rr, rp, k_scale=iks, **sel)
+        return msa_attention(q, kc, vc, pt, rr, rp, ids, block_size=block, scale=128**-0.5, **kv), ids
+
+    out, ids = fused()
+    want_out, want_ids = two_step()
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(out.float(), want_out.float(), atol=2.0**-8, rtol=0)
+    ref_out, ref_ids = msa_decode_ref(iq.float(), ikview, q.float(), kview, vview, pt, rr, rp, scale=128**-0.5, **sel)
+    assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
+    atol, rtol = TOL[kind]
+    torch.testing.assert_close(out.float(), ref_out, atol=atol, rtol=rtol)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, ids_g = fused()
+    for trial in range(3):
+        pt.copy_(pt[:, torch.randperm(pt.shape[1], device=DEV)])
+        rp.sub_(trial * 37 % 5 + 1)
+        iq.normal_()
+        q.normal_()
+        graph.replay()
+        out_e, ids_e = fused()
+        assert torch.equal(ids_g, ids_e)
+        assert torch.equal(out_g, out_e)
