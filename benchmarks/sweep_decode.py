@@ -26,9 +26,7 @@ ITERS = 10
 VARIANTS = {  # name: msa_decode knobs
     "atomic-spin": dict(_SPIN=1),
     "volatile-spin": dict(_SPIN=2),
-    "volatile,ns8": dict(_SPIN=2, _MAX_SPLITS=8),
     "volatile,ns4": dict(_SPIN=2, _MAX_SPLITS=4),
-    "volatile,w8": dict(_SPIN=2, _WARPS=8),
     # diagnostic only, racy: attention does not wait for the select (in a replay loop it reads the
     # previous replay's ids, which are the same); bounds what the flag hand-off costs
     "no-wait(racy)": dict(_SPIN=0),
@@ -70,7 +68,7 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--contexts", default="8192,32768,131072")
-    ap.add_argument("--dtypes", default="bf16,fp8,nvfp4")
+    ap.add_argument("--dtypes", default="bf16,fp8")
     args = ap.parse_args()
     t0 = time.time()
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")

@@ -385,6 +385,9 @@ def _attn_split(
         acc = tl.zeros((BLOCK_G, DV), tl.float32)
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_G,), tl.float32)
+    # q, row_req and row_pos were read above, before the programmatic-launch wait: they
+    # must not be written by the kernel launched just before this one (msa_topk never does)
+    _gdc_wait(PDL)  # block ids (and the pages) may come from the previous kernel
     if WAIT == 1:  # poll with acquire RMWs (they queue in L2's atomic unit)
         ready = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
         while ready == 0:
@@ -408,14 +411,18 @@ def _attn_split(
         live = (blk >= 0) & (blk <= q_blk)
         page = tl.load(pt_ptr + req * stride_ptr + blk, mask=live, other=0).to(tl.int64)
         slots = page * BS + j
-        # -- load + dequantise K, scores in base 2 --------------------------------------
+        # -- load + dequantise K and V together (one DRAM round trip, not two), scores in base 2
         if EO:
             k_lo, k_hi = _load_nvfp4_halves(
                 k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, ASM
             )
+            v_lo, v_hi = _load_nvfp4_halves(
+                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, ASM
+            )
             s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
         else:
             k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, MODE, CDT)
+            v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, MODE, CDT)
             if F32:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
             else:
@@ -428,17 +435,12 @@ def _attn_split(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if EO:
-            v_lo, v_hi = _load_nvfp4_halves(
-                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, ASM
-            )
             acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
             acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
+        elif F32:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
-            v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, MODE, CDT)
-            if F32:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
         m_i = m_new
     _gdc_launch_dependents(PDL)
     # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
@@ -564,7 +566,6 @@ def _msa_attn_kernel(
 ):
     r = tl.program_id(0)
     g = tl.program_id(1)
-    _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     _attn_split(
         q_ptr,
         k_ptr,
@@ -716,6 +717,10 @@ def msa_attention(
     The KV layout follows ``k_cache.dtype`` (see ``kv_quant.py``): bf16/fp16/fp32 pages;
     float8_e4m3fn pages with per-tensor ``k_scale``/``v_scale``; uint8 NVFP4 pages with
     e4m3 block scales ``k_scales``/``v_scales`` and global scales ``k_scale``/``v_scale``.
+
+    On sm_90 the launch overlaps the previous kernel's tail (programmatic dependent launch):
+    ``q``, ``row_req`` and ``row_pos`` are read before waiting on it, so they must not be
+    written by the kernel launched immediately before (``msa_topk`` never does).
 
     Parameters
     ----------
