@@ -136,6 +136,26 @@ class M3Config:
         )
 
 
+def _draft_config_file(path: str) -> str:
+    """The draft's ``config.json``: in a local directory, else fetched (or found cached) by hub id as SGLang does."""
+    import os
+
+    if os.path.isdir(path):
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise M3ConfigError(f"--speculative-draft-model-path={path!r}: no config.json there")
+        return cfg_file
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(repo_id=path, filename="config.json")
+    except Exception as err:  # noqa: BLE001  (bad id, no network and not cached, gated repo, ...)
+        raise M3ConfigError(
+            f"--speculative-draft-model-path={path!r}: not a local directory, and its config.json could not be "
+            f"read from the Hugging Face Hub or its cache ({type(err).__name__}: {err})"
+        ) from None
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """The parts of an EAGLE3 draft checkpoint the target side must know (DESIGN section 7).
@@ -151,12 +171,8 @@ class DraftConfig:
     @classmethod
     def from_path(cls, path: str, target: "M3Config") -> "DraftConfig":
         import json
-        import os
 
-        cfg_file = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_file):
-            raise M3ConfigError(f"--speculative-draft-model-path={path!r}: no config.json there")
-        with open(cfg_file) as f:
+        with open(_draft_config_file(path)) as f:
             d = json.load(f)
         arch = (d.get("architectures") or ["?"])[0]
         if arch != "LlamaForCausalLMEagle3":

@@ -165,3 +165,21 @@ def test_draft_config_refusals_name_the_field(tmp_path, released, changes, field
 
     with pytest.raises(M3ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         DraftConfig.from_path(_draft_dir(tmp_path, **changes), M3Config.from_hf(released))
+
+
+def test_draft_config_by_hub_id_reads_the_hub_cache(tmp_path, released, monkeypatch):
+    """A hub id (as SGLang accepts for --speculative-draft-model-path) resolves through huggingface_hub's cache."""
+    import huggingface_hub.constants as hub
+    from sglang_m3.config import DraftConfig
+
+    snapshot = tmp_path / "models--acme--m3-eagle3" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    _draft_dir(snapshot)
+    (tmp_path / "models--acme--m3-eagle3" / "refs").mkdir()
+    (tmp_path / "models--acme--m3-eagle3" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # no network here: the cached snapshot must do
+    draft = DraftConfig.from_path("acme/m3-eagle3", M3Config.from_hf(released))
+    assert (draft.num_layers, draft.num_kv_heads) == (1, 4)
+    with pytest.raises(M3ConfigError, match=r"'acme/not-cached': not a local directory"):
+        DraftConfig.from_path("acme/not-cached", M3Config.from_hf(released))
