@@ -330,7 +330,8 @@ def write_outputs(records, out_dir, argv):
         "# MSA kernel benchmark (H200, TP4 per-GPU shape)",
         "",
         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
-        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}.",
+        f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'that of the merged runs'}; "
+        f"torch {torch.__version__}.",
         "",
         f"Command: `python3 {' '.join(argv)}`",
         "",
@@ -354,6 +355,21 @@ def write_outputs(records, out_dir, argv):
     (out_dir / "kernels.md").write_text("\n".join(lines) + "\n")
 
 
+def merge_records(ours_json, up_json):
+    """Ours' records with upstream's times (from a separate pass on the same machine) filled in."""
+    key = lambda r: (r["kernel"], r["dtype"], r["batch"], r["context"])  # noqa: E731
+    up = {key(r): r for r in json.loads(up_json.read_text())}
+    records = json.loads(ours_json.read_text())
+    for r in records:
+        u = up.get(key(r))
+        if u is None or u["upstream_us"] is None:
+            continue
+        r["upstream_us"], r["note"] = u["upstream_us"], u["note"]
+        if r["ours_us"]:
+            r["speedup_vs_upstream"] = round(u["upstream_us"] / r["ours_us"], 2)
+    return records
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks")
@@ -366,7 +382,16 @@ def main():
     ap.add_argument("--no-upstream-verify", action="store_true", help="skip upstream's (slow) extend path for verify")
     ap.add_argument("--only-upstream", action="store_true", help="time upstream's kernels only")
     ap.add_argument("--deadline", type=float, default=0, help="start no new case after this many seconds")
+    ap.add_argument(
+        "--merge",
+        nargs=2,
+        metavar=("OURS_JSON", "UPSTREAM_JSON"),
+        help="no timing: join an --no-upstream run and an --only-upstream run of the same call into --out",
+    )
     args = ap.parse_args()
+    if args.merge:
+        write_outputs(merge_records(*map(pathlib.Path, args.merge)), pathlib.Path(args.out), sys.argv)
+        return
     t0 = time.time()
     ours = _kernels()
     up = None if args.no_upstream else _upstream()
