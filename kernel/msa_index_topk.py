@@ -378,69 +378,6 @@ def _block_score_kernel(
 
 
 @triton.jit
-def _score_row_pages(
-    q_ptr,
-    k_ptr,
-    pt_ptr,
-    score_ptr,
-    r,
-    req,
-    pos,
-    first_page,
-    k_scale,
-    stride_qr,
-    stride_qh,
-    stride_kt,
-    stride_ptr,
-    stride_sr,
-    stride_sh,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    PAGES: tl.constexpr,
-    Q_FP32: tl.constexpr,
-    K_FP8: tl.constexpr,
-    FMA: tl.constexpr,
-):
-    """Block maxima of pages ``first_page ..+PAGES`` for one query row, all its ``H`` index heads.
-
-    FMA (one index head): CUDA-core fp32 products, no shared-memory staging; else one
-    ``[BLOCK_M, D] x [D, BS]`` dot per page with the heads on the M side.
-    """
-    d = tl.arange(0, D)
-    j = tl.arange(0, BS)
-    r64 = r.to(tl.int64)
-    last_blk = pos // BS
-    m = tl.arange(0, BLOCK_M)
-    h_ok = m < H
-    CDT: tl.constexpr = tl.float32 if Q_FP32 else (tl.float16 if K_FP8 else tl.bfloat16)  # as _block_score_kernel
-    if FMA:
-        q = tl.load(q_ptr + r64 * stride_qr + d).to(tl.float32)
-    else:
-        q = tl.load(q_ptr + r64 * stride_qr + m[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
-        q = q.to(CDT)
-    for i in range(PAGES):
-        b = first_page + i
-        live = b <= last_blk
-        page = tl.load(pt_ptr + req * stride_ptr + b, mask=live, other=0).to(tl.int64)
-        kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
-        causal = b * BS + j <= pos
-        if FMA:
-            s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BS] exact fp32 products
-            s = tl.where(causal, s, float("-inf"))
-            tl.store(score_ptr + r64 * stride_sr + b, tl.max(s) * k_scale, mask=live)
-        else:
-            if Q_FP32:
-                s = tl.dot(q, tl.trans(kt.to(CDT)), input_precision="ieee")  # [BLOCK_M, BS]
-            else:
-                s = tl.dot(q, tl.trans(kt.to(CDT)))
-            s = tl.where(causal[None, :], s, float("-inf"))
-            bmax = tl.max(s, axis=1) * k_scale
-            tl.store(score_ptr + r64 * stride_sr + m * stride_sh + b, bmax, mask=h_ok & live)
-
-
-@triton.jit
 def _block_score_row_kernel(
     q_ptr,
     k_ptr,
@@ -469,34 +406,22 @@ def _block_score_row_kernel(
 ):
     """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
     r = tl.program_id(0)
+    first_page = tl.program_id(1) * PAGES
+    d = tl.arange(0, D)
+    j = tl.arange(0, BS)
     _gdc_wait(PDL)
     req = tl.load(row_req_ptr + r).to(tl.int64)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
-    _score_row_pages(
-        q_ptr,
-        k_ptr,
-        pt_ptr,
-        score_ptr,
-        r,
-        req,
-        pos,
-        tl.program_id(1) * PAGES,
-        k_scale,
-        stride_qr,
-        0,
-        stride_kt,
-        stride_ptr,
-        stride_sr,
-        0,
-        1,
-        D,
-        BS,
-        1,
-        PAGES,
-        False,
-        True,
-        True,
-    )
+    last_blk = pos // BS
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + d).to(tl.float32)
+    for i in range(PAGES):
+        b = first_page + i
+        live = b <= last_blk
+        page = tl.load(pt_ptr + req * stride_ptr + b, mask=live, other=0).to(tl.int64)
+        kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
+        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BS] exact fp32 products
+        s = tl.where(b * BS + j <= pos, s, float("-inf"))
+        tl.store(score_ptr + r.to(tl.int64) * stride_sr + b, tl.max(s) * k_scale, mask=live)
     _gdc_launch_dependents(PDL)
     if FUSE:
         _fused_select(

@@ -101,7 +101,6 @@ def msa_attention_ref(
 # Grids and NS come from tensor shapes only (CUDA-graph safe, no host sync).
 
 import os  # noqa: E402
-from typing import NamedTuple  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -305,214 +304,6 @@ def _merge_partials(
 
 
 @triton.jit
-def _attn_split(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    ks_ptr,
-    vs_ptr,
-    pt_ptr,
-    row_req_ptr,
-    row_pos_ptr,
-    bid_ptr,
-    o_ptr,
-    lse_ptr,
-    flag_ptr,
-    r,
-    g,
-    split,
-    qk_scale,
-    v_scale,
-    stride_qr,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_kst,
-    stride_ksh,
-    stride_vst,
-    stride_vsh,
-    stride_ptr,
-    stride_br,
-    stride_bh,
-    stride_os,
-    stride_or,
-    stride_oh,
-    stride_ls,
-    stride_lr,
-    G: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BS: tl.constexpr,
-    MODE: tl.constexpr,
-    SPARSE: tl.constexpr,
-    TOPK: tl.constexpr,
-    NS: tl.constexpr,
-    F32: tl.constexpr,
-    EO: tl.constexpr,
-    ASM: tl.constexpr,
-    PDL: tl.constexpr,
-    WAIT: tl.constexpr,
-):
-    """Split ``split`` of (row ``r``, KV group ``g``): its (output, lse) partial, or the output if NS == 1.
-
-    WAIT (0 = no): spin on ``flag_ptr`` after the row's q is loaded and before the first
-    block id is read -- ``msa_decode`` selects the blocks in the same launch.
-    """
-    # compute dtype of the dots: fp32 (IEEE) for fp32 q; fp16 for FP8 and NVFP4 pages (sm_90
-    # converts e4m3x2 -> f16x2 in one instruction but has no direct e4m3 -> bf16, and NVFP4
-    # decodes natively to fp16; bf16 q converts to fp16 exactly for |q| in [2^-14, 65504],
-    # which normed q always is); bf16 otherwise
-    CDT: tl.constexpr = tl.float32 if F32 else (tl.float16 if MODE != 0 else tl.bfloat16)
-    hg = tl.arange(0, BLOCK_G)
-    heads = g * G + hg
-    h_ok = hg < G
-    j = tl.arange(0, BS)
-    req = tl.load(row_req_ptr + r).to(tl.int64)
-    pos = tl.load(row_pos_ptr + r).to(tl.int64)
-    q_blk = pos // BS
-    # -- the group's query heads: [BLOCK_G, D] ------------------------------------------
-    q_row = q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh
-    if EO:  # NVFP4 even/odd split: q's even and odd columns, [BLOCK_G, D // 2] each
-        q_e = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
-        q_o = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :] + 1, mask=h_ok[:, None], other=0.0).to(CDT)
-        acc_e = tl.zeros((BLOCK_G, DV // 2), tl.float32)
-        acc_o = tl.zeros((BLOCK_G, DV // 2), tl.float32)
-    else:
-        q = tl.load(q_row + tl.arange(0, D)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
-        acc = tl.zeros((BLOCK_G, DV), tl.float32)
-    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_G,), tl.float32)
-    # q, row_req and row_pos were read above, before the programmatic-launch wait: they
-    # must not be written by the kernel launched just before this one (msa_topk never does)
-    _gdc_wait(PDL)  # block ids (and the pages) may come from the previous kernel
-    if WAIT == 1:  # poll with acquire RMWs (they queue in L2's atomic unit)
-        ready = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-        while ready == 0:
-            ready = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    elif WAIT == 2:  # poll with volatile loads (served by L2 like reads), then one acquire
-        ready = tl.load(flag_ptr, volatile=True)
-        while ready == 0:
-            ready = tl.load(flag_ptr, volatile=True)
-        tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    if SPARSE:
-        n_iter = tl.cdiv(TOPK - split, NS)
-    else:
-        n_iter = tl.cdiv(q_blk + 1 - split, NS)
-    for it in range(n_iter):
-        i = split + it * NS
-        if SPARSE:
-            # .cg: msa_decode's ids come from another program of the same launch
-            blk = tl.load(bid_ptr + r.to(tl.int64) * stride_br + g * stride_bh + i, cache_modifier=".cg").to(tl.int64)
-        else:
-            blk = i.to(tl.int64)
-        live = (blk >= 0) & (blk <= q_blk)
-        page = tl.load(pt_ptr + req * stride_ptr + blk, mask=live, other=0).to(tl.int64)
-        slots = page * BS + j
-        # -- load + dequantise K and V together (one DRAM round trip, not two), scores in base 2
-        if EO:
-            k_lo, k_hi = _load_nvfp4_halves(
-                k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, ASM
-            )
-            v_lo, v_hi = _load_nvfp4_halves(
-                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, ASM
-            )
-            s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
-        else:
-            k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, MODE, CDT)
-            v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, MODE, CDT)
-            if F32:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(((blk * BS + j) <= pos)[None, :] & live, s, float("-inf"))  # token-causal
-        # -- online softmax update ----------------------------------------------------------
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if EO:
-            acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
-            acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
-        elif F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
-        m_i = m_new
-    _gdc_launch_dependents(PDL)
-    # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
-    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_base = o_ptr + split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh
-    out_scale = v_scale if NS == 1 else 1.0
-    if EO:
-        dv2 = 2 * tl.arange(0, DV // 2)[None, :]
-        tl.store(o_base + dv2, (acc_e * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
-        tl.store(o_base + dv2 + 1, (acc_o * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
-    else:
-        o_off = tl.arange(0, DV)[None, :]
-        tl.store(o_base + o_off, (acc * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
-    if NS > 1:
-        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
-        tl.store(lse_ptr + split * stride_ls + r.to(tl.int64) * stride_lr + heads, lse, mask=h_ok)
-
-
-@triton.jit
-def _last_split_merges(
-    cnt,
-    o_ptr,
-    lse_ptr,
-    out_ptr,
-    r,
-    g,
-    v_scale,
-    stride_os,
-    stride_or,
-    stride_oh,
-    stride_ls,
-    stride_lr,
-    stride_r,
-    stride_h,
-    G: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    NS: tl.constexpr,
-    DV: tl.constexpr,
-):
-    """Ticket on ``cnt`` (one per (row, group)); the split drawing the last one merges and resets it.
-
-    Returns whether this program merged (the group's output is complete).
-    """
-    tl.debug_barrier()  # every thread's partial stores precede the release below
-    ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    last = ticket == NS - 1
-    if last:
-        hg = tl.arange(0, BLOCK_G)
-        _merge_partials(
-            o_ptr,
-            lse_ptr,
-            out_ptr,
-            r,
-            g * G + hg,
-            hg < G,
-            v_scale,
-            stride_os,
-            stride_or,
-            stride_oh,
-            stride_ls,
-            stride_lr,
-            stride_r,
-            stride_h,
-            NS,
-            DV,
-            BLOCK_G,
-        )
-        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
-    return last
-
-
-@triton.jit
 def _msa_attn_kernel(
     q_ptr,
     k_ptr,
@@ -566,78 +357,119 @@ def _msa_attn_kernel(
 ):
     r = tl.program_id(0)
     g = tl.program_id(1)
-    _attn_split(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        ks_ptr,
-        vs_ptr,
-        pt_ptr,
-        row_req_ptr,
-        row_pos_ptr,
-        bid_ptr,
-        o_ptr,
-        lse_ptr,
-        cnt_ptr,
-        r,
-        g,
-        tl.program_id(2),
-        qk_scale,
-        v_scale,
-        stride_qr,
-        stride_qh,
-        stride_kt,
-        stride_kh,
-        stride_vt,
-        stride_vh,
-        stride_kst,
-        stride_ksh,
-        stride_vst,
-        stride_vsh,
-        stride_ptr,
-        stride_br,
-        stride_bh,
-        stride_os,
-        stride_or,
-        stride_oh,
-        stride_ls,
-        stride_lr,
-        G,
-        BLOCK_G,
-        D,
-        DV,
-        BS,
-        MODE,
-        SPARSE,
-        TOPK,
-        NS,
-        F32,
-        EO,
-        ASM,
-        PDL,
-        0,
-    )
-    if NS > 1 and FUSE_MERGE:  # the last of the NS splits of (r, g) to finish merges them
-        _last_split_merges(
-            cnt_ptr + r * tl.num_programs(1) + g,
-            o_ptr,
-            lse_ptr,
-            out_ptr,
-            r,
-            g,
-            v_scale,
-            stride_os,
-            stride_or,
-            stride_oh,
-            stride_ls,
-            stride_lr,
-            stride_out_r,
-            stride_out_h,
-            G,
-            BLOCK_G,
-            NS,
-            DV,
-        )
+    split = tl.program_id(2)
+    # compute dtype of the dots: fp32 (IEEE) for fp32 q; fp16 for FP8 and NVFP4 pages (sm_90
+    # converts e4m3x2 -> f16x2 in one instruction but has no direct e4m3 -> bf16, and NVFP4
+    # decodes natively to fp16; bf16 q converts to fp16 exactly for |q| in [2^-14, 65504],
+    # which normed q always is); bf16 otherwise
+    CDT: tl.constexpr = tl.float32 if F32 else (tl.float16 if MODE != 0 else tl.bfloat16)
+    hg = tl.arange(0, BLOCK_G)
+    heads = g * G + hg
+    h_ok = hg < G
+    j = tl.arange(0, BS)
+    req = tl.load(row_req_ptr + r).to(tl.int64)
+    pos = tl.load(row_pos_ptr + r).to(tl.int64)
+    q_blk = pos // BS
+    # -- the group's query heads: [BLOCK_G, D] ------------------------------------------
+    q_row = q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh
+    if EO:  # NVFP4 even/odd split: q's even and odd columns, [BLOCK_G, D // 2] each
+        q_e = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
+        q_o = tl.load(q_row + 2 * tl.arange(0, D // 2)[None, :] + 1, mask=h_ok[:, None], other=0.0).to(CDT)
+        acc_e = tl.zeros((BLOCK_G, DV // 2), tl.float32)
+        acc_o = tl.zeros((BLOCK_G, DV // 2), tl.float32)
+    else:
+        q = tl.load(q_row + tl.arange(0, D)[None, :], mask=h_ok[:, None], other=0.0).to(CDT)
+        acc = tl.zeros((BLOCK_G, DV), tl.float32)
+    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    # q, row_req and row_pos were read above, before the programmatic-launch wait: they
+    # must not be written by the kernel launched just before this one (msa_topk never does)
+    _gdc_wait(PDL)  # block ids (and the pages) may come from the previous kernel
+    if SPARSE:
+        n_iter = tl.cdiv(TOPK - split, NS)
+    else:
+        n_iter = tl.cdiv(q_blk + 1 - split, NS)
+    for it in range(n_iter):
+        i = split + it * NS
+        if SPARSE:
+            blk = tl.load(bid_ptr + r.to(tl.int64) * stride_br + g * stride_bh + i).to(tl.int64)
+        else:
+            blk = i.to(tl.int64)
+        live = (blk >= 0) & (blk <= q_blk)
+        page = tl.load(pt_ptr + req * stride_ptr + blk, mask=live, other=0).to(tl.int64)
+        slots = page * BS + j
+        # -- load + dequantise K and V together (one DRAM round trip, not two), scores in base 2
+        if EO:
+            k_lo, k_hi = _load_nvfp4_halves(
+                k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, ASM
+            )
+            v_lo, v_hi = _load_nvfp4_halves(
+                v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, ASM
+            )
+            s = (tl.dot(q_e, tl.trans(k_lo)) + tl.dot(q_o, tl.trans(k_hi))) * qk_scale
+        else:
+            k = _load_page(k_ptr, ks_ptr, slots, g, stride_kt, stride_kh, stride_kst, stride_ksh, live, D, MODE, CDT)
+            v = _load_page(v_ptr, vs_ptr, slots, g, stride_vt, stride_vh, stride_vst, stride_vsh, live, DV, MODE, CDT)
+            if F32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(((blk * BS + j) <= pos)[None, :] & live, s, float("-inf"))  # token-causal
+        # -- online softmax update ----------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if EO:
+            acc_e = acc_e * alpha[:, None] + tl.dot(p.to(CDT), v_lo)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p.to(CDT), v_hi)
+        elif F32:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v)
+        m_i = m_new
+    _gdc_launch_dependents(PDL)
+    # -- normalise; NS == 1 writes the final output, else (o, lse) partials --------------
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_base = o_ptr + split * stride_os + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh
+    out_scale = v_scale if NS == 1 else 1.0
+    if EO:
+        dv2 = 2 * tl.arange(0, DV // 2)[None, :]
+        tl.store(o_base + dv2, (acc_e * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+        tl.store(o_base + dv2 + 1, (acc_o * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        o_off = tl.arange(0, DV)[None, :]
+        tl.store(o_base + o_off, (acc * inv_l * out_scale).to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    if NS > 1:
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
+        tl.store(lse_ptr + split * stride_ls + r.to(tl.int64) * stride_lr + heads, lse, mask=h_ok)
+        if FUSE_MERGE:
+            # -- the last of the NS splits of (r, g) to finish merges them ----------------
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            cnt = cnt_ptr + r * tl.num_programs(1) + g
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == NS - 1:
+                _merge_partials(
+                    o_ptr,
+                    lse_ptr,
+                    out_ptr,
+                    r,
+                    heads,
+                    h_ok,
+                    v_scale,
+                    stride_os,
+                    stride_or,
+                    stride_oh,
+                    stride_ls,
+                    stride_lr,
+                    stride_out_r,
+                    stride_out_h,
+                    NS,
+                    DV,
+                    BLOCK_G,
+                )
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
@@ -736,66 +568,6 @@ def msa_attention(
     -------
     ``[R, Hq, Dv]`` in ``q.dtype``.
     """
-    plan = _plan_attention(
-        q, k_cache, v_cache, page_table, row_req, row_pos, block_ids, block_size, scale, k_scale, v_scale,
-        k_scales, v_scales, out,
-    )  # fmt: skip
-    if q.shape[0] == 0:
-        return plan.out
-    ns = plan.consts["NS"]
-    fuse = ns > 1 and _FUSE_MERGE
-    pdl = _use_pdl(q.device)
-    cnt = counters(q.device, "msa_attention", q.shape[0] * k_cache.shape[1]) if fuse else plan.lse
-    launch = dict(launch_pdl=True) if pdl else {}
-    _msa_attn_kernel[(q.shape[0], k_cache.shape[1], ns)](
-        *plan.tensors,
-        plan.out,
-        cnt,
-        *plan.scalars,
-        *plan.strides,
-        *plan.out_strides,
-        **plan.consts,
-        FUSE_MERGE=fuse,
-        PDL=pdl,
-        num_warps=plan.warps,
-        **launch,
-    )
-    if ns > 1 and not fuse:
-        _merge_kernel[(q.shape[0], q.shape[1])](
-            plan.o_buf,
-            plan.lse,
-            plan.out,
-            plan.scalars[1],
-            *plan.strides[13:],
-            *plan.out_strides,
-            NS=ns,
-            DV=plan.consts["DV"],
-            PDL=pdl,
-            num_warps=4,
-            **launch,
-        )
-    return plan.out
-
-
-class _AttnPlan(NamedTuple):
-    """Validated launch arguments of one attention call (see ``_attn_split`` for their order)."""
-
-    tensors: tuple  # q, k, v, k scales, v scales, page table, row_req, row_pos, block ids, o partials, lse
-    scalars: tuple  # qk scale (base 2, dequant folded in), output scale
-    strides: tuple  # the 18 strides of _attn_split
-    out_strides: tuple
-    consts: dict  # G .. ASM constexprs
-    out: torch.Tensor
-    o_buf: torch.Tensor
-    lse: torch.Tensor
-    warps: int
-
-
-def _plan_attention(
-    q, k_cache, v_cache, page_table, row_req, row_pos, block_ids, block_size, scale, k_scale, v_scale, k_scales,
-    v_scales, out, max_ctas=264, max_splits=None,
-) -> _AttnPlan:  # fmt: skip
-    """Check the inputs of :func:`msa_attention` and size its split-K launch (shapes only: graph safe)."""
     R, Hq, D = q.shape
     _check_page_args(page_table, row_req, row_pos, R)
     if k_cache.dim() != 3 or v_cache.dim() != 3 or k_cache.shape[:2] != v_cache.shape[:2]:
@@ -816,16 +588,20 @@ def _plan_attention(
         out = torch.empty((R, Hq, dv), dtype=q.dtype, device=q.device)
     elif out.shape != (R, Hq, dv) or out.stride(2) != 1:
         raise ValueError(f"out must be [{R}, {Hq}, {dv}] contiguous in the last dim, got {tuple(out.shape)}")
+    if R == 0:
+        return out
+    group = Hq // hkv
     topk = block_ids.shape[2] if block_ids is not None else 0
     # Splits so that R * Hkv * NS fills the 132 SMs about twice; from shapes only.
-    if max_splits is None:
-        max_splits = triton.next_power_of_2(topk if block_ids is not None else page_table.shape[1])
+    max_splits = triton.next_power_of_2(topk) if block_ids is not None else triton.next_power_of_2(page_table.shape[1])
     ns = 1
-    while ns < max_splits and R * hkv * ns < max_ctas:
+    while ns < max_splits and R * hkv * ns < 264:
         ns *= 2
     f32 = q.dtype == torch.float32
     eo = mode == 2 and _NVFP4_EVEN_ODD and not f32
     asm = eo and _NVFP4_ASM and not _INTERPRET and _nvfp4_asm_ok(D, dv, k_scales, v_scales)
+    fuse = ns > 1 and _FUSE_MERGE
+    pdl = _use_pdl(q.device)
     if ns == 1:
         o_buf, lse = out, out  # final output written directly; lse unused
         o_strides = (0, out.stride(0), out.stride(1))
@@ -835,6 +611,7 @@ def _plan_attention(
         lse = torch.empty((ns, R, Hq), dtype=torch.float32, device=q.device)
         o_strides = (o_buf.stride(0), o_buf.stride(1), o_buf.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
+    cnt = counters(q.device, "msa_attention", R * hkv) if fuse else lse
     if mode == 2 and asm:  # scale rows as one int64 each: strides in int64 units
         ks, vs = k_scales.view(torch.int64), v_scales.view(torch.int64)
     else:
@@ -843,7 +620,23 @@ def _plan_attention(
     bid = block_ids if block_ids is not None else row_req
     k_mult = k_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     v_mult = v_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
-    strides = (
+    launch = dict(launch_pdl=True) if pdl else {}
+    _msa_attn_kernel[(R, hkv, ns)](
+        q,
+        k_cache,
+        v_cache,
+        ks,
+        vs,
+        page_table,
+        row_req,
+        row_pos,
+        bid,
+        o_buf,
+        lse,
+        out,
+        cnt,
+        float(scale * k_mult * _LOG2E),
+        float(v_mult),
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -859,10 +652,10 @@ def _plan_attention(
         bid.stride(1) if block_ids is not None else 0,
         *o_strides,
         *lse_strides,
-    )
-    consts = dict(
-        G=Hq // hkv,
-        BLOCK_G=max(16, triton.next_power_of_2(Hq // hkv)),
+        out.stride(0),
+        out.stride(1),
+        G=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=D,
         DV=dv,
         BS=block_size,
@@ -873,18 +666,28 @@ def _plan_attention(
         F32=f32,
         EO=eo,
         ASM=asm,
+        FUSE_MERGE=fuse,
+        PDL=pdl,
+        num_warps=8 if f32 else _WARPS[mode],
+        **launch,
     )
-    return _AttnPlan(
-        tensors=(q, k_cache, v_cache, ks, vs, page_table, row_req, row_pos, bid, o_buf, lse),
-        scalars=(float(scale * k_mult * _LOG2E), float(v_mult)),
-        strides=strides,
-        out_strides=(out.stride(0), out.stride(1)),
-        consts=consts,
-        out=out,
-        o_buf=o_buf,
-        lse=lse,
-        warps=8 if f32 else _WARPS[mode],
-    )
+    if ns > 1 and not fuse:
+        _merge_kernel[(R, Hq)](
+            o_buf,
+            lse,
+            out,
+            float(v_mult),
+            *o_strides,
+            *lse_strides,
+            out.stride(0),
+            out.stride(1),
+            NS=ns,
+            DV=dv,
+            PDL=pdl,
+            num_warps=4,
+            **launch,
+        )
+    return out
 
 
 def _nvfp4_asm_ok(d, dv, k_scales, v_scales) -> bool:

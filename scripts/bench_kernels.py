@@ -382,6 +382,7 @@ def main():
     ap.add_argument("--no-upstream-verify", action="store_true", help="skip upstream's (slow) extend path for verify")
     ap.add_argument("--only-upstream", action="store_true", help="time upstream's kernels only")
     ap.add_argument("--deadline", type=float, default=0, help="start no new case after this many seconds")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds of idle GPU between a case's set-up and timing")
     ap.add_argument(
         "--merge",
         nargs=2,
@@ -412,15 +413,21 @@ def main():
             print(f"deadline: not run {dtype} b={batch} ctx={ctx}")
             continue
         p = Problem(ours[0], dtype, batch, ctx)
+        time.sleep(args.settle)  # the set-up writes GBs; timings right after it ran slow (run 8)
         records += bench_case(
             p, ours, up, args.iters, flush, up_verify=not args.no_upstream_verify, time_ours=not args.only_upstream
         )
         print(f"[{time.time() - t0:.0f} s]", flush=True)
         del p
         torch.cuda.empty_cache()
-        for out in (args.out, os.environ.get("OUT")):  # $OUT: the device tool's return folder
-            if out:
-                write_outputs(records, pathlib.Path(out), sys.argv)
+        outs = {pathlib.Path(args.out).resolve()}
+        if (
+            os.environ.get("OUT")
+            and pathlib.Path(os.environ["OUT"]).resolve() not in pathlib.Path(args.out).resolve().parents
+        ):
+            outs.add(pathlib.Path(os.environ["OUT"]).resolve())  # $OUT: the device tool's return folder
+        for out in outs:
+            write_outputs(records, out, sys.argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import torch
 from sglang_m3_kernels import kv_quant as kq
 from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
-from sglang_m3_kernels.paged import counters
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BS, TOPK, HKV, G, D = 16, 4, 2, 4, 32
@@ -138,42 +137,3 @@ def test_select_fused_or_not_and_merge_launch(monkeypatch, fuse):
     out = msa_attention(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
     ref = msa_attention_ref(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("kind", ["fp32", "fp8", "nvfp4"])
-def test_decode_one_launch_matches_reference(kind):
-    """msa_decode (score + select + attention in one persistent launch) vs the two references.
-
-    Rows: one per request (decode), a short context (< topk blocks) and long ones; launched
-    twice, since every counter and flag must be back at zero for the next launch.
-    """
-    from sglang_m3_kernels.msa_decode import msa_decode, msa_decode_ref
-
-    g, pt, _, _ = _batch(6)
-    rr = torch.tensor([2, 0, 3, 1]).to(DEV)
-    rp = torch.tensor([150, 19, 15, 97]).to(DEV)
-    iq = torch.randn(4, HKV, D, generator=g).to(DEV)
-    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
-    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    q = torch.randn(4, HKV * G, D, generator=g).to(DEV)
-    kw, tol, ikc, ik_scale = {}, 1e-5, ik, 1.0
-    if kind == "fp8":
-        kc, vc = kq.fp8_quantize_ref(k, 0.5), kq.fp8_quantize_ref(v, 0.25)
-        kw, tol = dict(k_scale=0.5, v_scale=0.25), 2e-2
-        k, v, q = kq.fp8_dequantize_ref(kc, 0.5), kq.fp8_dequantize_ref(vc, 0.25), q.to(torch.bfloat16)
-        ikc, ik_scale = kq.fp8_quantize_ref(ik, 0.5), 0.5
-        ik = kq.fp8_dequantize_ref(ikc, 0.5)
-    elif kind == "nvfp4":
-        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
-        kw, tol = dict(k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc), 2e-2
-        k, v, q = kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0), q.to(torch.bfloat16)
-    else:
-        kc, vc = k, v
-    sel = dict(block_size=BS, topk=TOPK, local_blocks=1)
-    ref_out, ref_ids = msa_decode_ref(iq, ik, q.float(), k, v, pt, rr, rp, scale=D**-0.5, **sel)
-    for _ in range(2):
-        out, ids = msa_decode(iq, ikc, q, kc, vc, pt, rr, rp, scale=D**-0.5, index_k_scale=ik_scale, **sel, **kw)
-        assert torch.equal(ids, ref_ids)
-        torch.testing.assert_close(out.float(), ref_out, atol=tol, rtol=tol)
-        assert not counters(torch.device(DEV), "msa_decode", 1).any()  # all back at zero
