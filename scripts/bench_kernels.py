@@ -21,9 +21,12 @@ index-K of every context token once, the top-k pages of K and V per request, q a
 
 Usage (GPU host; upstream on PYTHONPATH, see build-runtime.sh)::
 
-    python3 scripts/bench_kernels.py --out benchmarks [--quick]
+    python3 scripts/bench_kernels.py --out benchmarks
 
-Writes ``<out>/kernels.json`` (records) and ``<out>/kernels.md`` (table, command, date).
+Writes ``<out>/kernels.json`` (records) and ``<out>/kernels.md`` (table, command, date). Upstream's
+first calls autotune for minutes: to fit a device call, time ours (``--no-upstream``) and upstream
+(``--only-upstream --deadline S``) as two passes of one call and join them anywhere with
+``--merge OURS_JSON UPSTREAM_JSON --out DIR`` (benchmarks/kernels.md, run 9).
 """
 
 from __future__ import annotations
