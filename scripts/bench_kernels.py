@@ -423,14 +423,11 @@ def main():
         print(f"[{time.time() - t0:.0f} s]", flush=True)
         del p
         torch.cuda.empty_cache()
-        outs = {pathlib.Path(args.out).resolve()}
-        if (
-            os.environ.get("OUT")
-            and pathlib.Path(os.environ["OUT"]).resolve() not in pathlib.Path(args.out).resolve().parents
-        ):
-            outs.add(pathlib.Path(os.environ["OUT"]).resolve())  # $OUT: the device tool's return folder
-        for out in outs:
-            write_outputs(records, out, sys.argv)
+        out = pathlib.Path(args.out).resolve()
+        env_out = os.environ.get("OUT")  # the device tool's return folder
+        extra = [pathlib.Path(env_out).resolve()] if env_out else []
+        for d in [out] + [e for e in extra if e not in (out, *out.parents)]:
+            write_outputs(records, d, sys.argv)
 
 
 if __name__ == "__main__":
