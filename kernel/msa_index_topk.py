@@ -22,6 +22,8 @@ Cache layout: see ``paged.py``. ``index_k_cache`` is ``[slots, index_dim]``
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -160,13 +162,25 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .msa_sparse_attn import _gdc_launch_dependents, _gdc_wait, _use_pdl  # noqa: E402
-from .paged import counters  # noqa: E402
+from .paged import counters, sm_count  # noqa: E402
 
 # Single-row tiles with one index head (TP decode) run on CUDA-core FMAs when the index-K
 # cache is FP8: e4m3 -> fp32 per element beat the tensor-core path's e4m3 -> fp16 + smem
 # staging (H200, batch 64 x 128K: 281 vs 330 us); with bf16 caches the tensor-core tile
 # kernel was as fast or faster (batch 8 x 32K: 31 vs 35 us). Knob for the sweep script.
 _SCORE_ROW_FMA = False
+# Score-kernel grid: each request's pages are cut into chunks of `pages` pages, one program
+# per (row tile, chunk), loading PPI pages per iteration. `pages` (at most MOST) minimises
+# waves x (pages + 1), a wave being SM count x SLOTS resident programs (+1: a program's
+# start-up costs about one page), so the programs come in whole waves. SLOTS is what fits an
+# SM: the tensor-core tile kernel 4 (114 registers and 37 KB of shared memory per program,
+# ncu), the FMA row kernel 8-10. H200, run 10 (benchmarks/NOTES.md): against the earlier rule
+# (power-of-two pages <= 8 once the grid has >= 512 programs) the bf16 batch 8 x 128K indexer
+# went 84 -> 81 us and FP8 batch 8 x 32K 29 -> 22; PPI 2 for the row kernel (two FP8 pages,
+# 32 KB, in flight per program) took FP8 batch 64 x 128K from 366 to 267 us and was neutral
+# to -1 us elsewhere, while the tile kernel lost 2-20 us with PPI 2. Sweep knobs.
+_SCORE_GRID = {"tile": (4, 32, 1), "row": (8, 8, 2)}  # kernel: (SLOTS, MOST, PPI)
+_SCORE_WARPS = 4  # warps per score program (sweep knob)
 # Fuse the top-k selection into the score kernel when there are at most this many query
 # rows, a tile holds at most _FUSE_SELECT_MAX_TILE_ROWS (row, head) pairs and the whole row
 # fits one in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one
@@ -285,6 +299,7 @@ def _block_score_kernel(
     cnt_ptr,
     k_scale,
     R,
+    pages,
     stride_qr,
     stride_qh,
     stride_kt,
@@ -298,7 +313,7 @@ def _block_score_kernel(
     BS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    PAGES: tl.constexpr,
+    PPI: tl.constexpr,
     Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
     FUSE: tl.constexpr,
@@ -310,14 +325,15 @@ def _block_score_kernel(
     PDL: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    first_page = tl.program_id(1) * PAGES
+    first_page = tl.program_id(1) * pages
     # -- rows of this tile: m -> (row = tile * BLOCK_R + m // H, head = m % H) ----------
     m = tl.arange(0, BLOCK_M)
     row = tile * BLOCK_R + m // H
     head = m % H
     row_ok = (m < BLOCK_R * H) & (row < R)
     d = tl.arange(0, D)
-    j = tl.arange(0, BS)
+    jj = tl.arange(0, PPI * BS)
+    end = first_page + pages
     _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
@@ -337,21 +353,27 @@ def _block_score_kernel(
         leader = tl.min(tl.where(done, 9223372036854775807, req))
         seg = (req == leader) & ~done
         last_blk = tl.max(tl.where(seg, pos, -1)) // BS
-        for i in range(PAGES):
-            b = first_page + i
-            live = b <= last_blk  # pages past the segment's last block are never loaded
+        for i in range(0, pages, PPI):
+            b = first_page + i + jj // BS  # PPI pages per iteration, token jj of page jj // BS
+            live = (b <= last_blk) & (b < end)  # pages past the segment's last block are never loaded
             page = tl.load(pt_ptr + leader * stride_ptr + b, mask=live, other=0).to(tl.int64)
-            # -- load one index-K page [BS, D]; fp8 widens exactly to bf16/fp32 ---------
-            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
+            # -- load PPI index-K pages [PPI * BS, D]; fp8 widens exactly to bf16/fp32 ----
+            kt = tl.load(k_ptr + (page * BS + jj % BS)[:, None] * stride_kt + d[None, :], mask=live[:, None], other=0.0)
             if Q_FP32:
-                s = tl.dot(q, tl.trans(kt.to(CDT)), input_precision="ieee")  # [BLOCK_M, BS]
+                s = tl.dot(q, tl.trans(kt.to(CDT)), input_precision="ieee")  # [BLOCK_M, PPI * BS]
             else:
                 s = tl.dot(q, tl.trans(kt.to(CDT)))
             # -- token-causal mask, then block max-pool ----------------------------------
-            key_pos = b * BS + j
+            key_pos = b * BS + jj % BS
             s = tl.where(key_pos[None, :] <= pos[:, None], s, float("-inf"))
-            bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
-            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg & live)
+            bmax = tl.max(tl.reshape(s, (BLOCK_M, PPI, BS)), axis=2) * k_scale  # k_scale > 0 commutes with max
+            pb = first_page + i + tl.arange(0, PPI)
+            pb_ok = (pb <= last_blk) & (pb < end)
+            tl.store(
+                score_ptr + row.to(tl.int64)[:, None] * stride_sr + head[:, None] * stride_sh + pb[None, :],
+                bmax,
+                mask=(seg[:, None] & pb_ok[None, :]),
+            )
         done = done | seg
     _gdc_launch_dependents(PDL)
     if FUSE:
@@ -389,6 +411,7 @@ def _block_score_row_kernel(
     cnt_ptr,
     k_scale,
     R,
+    pages,
     stride_qr,
     stride_kt,
     stride_ptr,
@@ -396,7 +419,7 @@ def _block_score_row_kernel(
     stride_or,
     D: tl.constexpr,
     BS: tl.constexpr,
-    PAGES: tl.constexpr,
+    PPI: tl.constexpr,
     FUSE: tl.constexpr,
     TOPK: tl.constexpr,
     LOCAL: tl.constexpr,
@@ -406,22 +429,25 @@ def _block_score_row_kernel(
 ):
     """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
     r = tl.program_id(0)
-    first_page = tl.program_id(1) * PAGES
+    first_page = tl.program_id(1) * pages
     d = tl.arange(0, D)
-    j = tl.arange(0, BS)
     _gdc_wait(PDL)
     req = tl.load(row_req_ptr + r).to(tl.int64)
     pos = tl.load(row_pos_ptr + r).to(tl.int64)
     last_blk = pos // BS
     q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + d).to(tl.float32)
-    for i in range(PAGES):
-        b = first_page + i
-        live = b <= last_blk
+    end = first_page + pages
+    jj = tl.arange(0, PPI * BS)  # PPI pages per iteration, token jj of page jj // BS
+    for i in range(0, pages, PPI):
+        b = first_page + i + jj // BS
+        live = (b <= last_blk) & (b < end)
         page = tl.load(pt_ptr + req * stride_ptr + b, mask=live, other=0).to(tl.int64)
-        kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :], mask=live, other=0.0)
-        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BS] exact fp32 products
-        s = tl.where(b * BS + j <= pos, s, float("-inf"))
-        tl.store(score_ptr + r.to(tl.int64) * stride_sr + b, tl.max(s) * k_scale, mask=live)
+        kt = tl.load(k_ptr + (page * BS + jj % BS)[:, None] * stride_kt + d[None, :], mask=live[:, None], other=0.0)
+        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [PPI * BS] exact fp32 products
+        s = tl.where(b * BS + jj % BS <= pos, s, float("-inf"))
+        bmax = tl.max(tl.reshape(s, (PPI, BS)), axis=1) * k_scale
+        pb = first_page + i + tl.arange(0, PPI)
+        tl.store(score_ptr + r.to(tl.int64) * stride_sr + pb, bmax, mask=(pb <= last_blk) & (pb < end))
     _gdc_launch_dependents(PDL)
     if FUSE:
         _fused_select(
@@ -514,6 +540,22 @@ def _topk_select_kernel(
             prev_b = best_b
 
 
+@functools.lru_cache(maxsize=4096)
+def _score_pages(n_tiles: int, max_pages: int, slots: int, most: int) -> int:
+    """Pages per score program for ``slots`` resident programs, at most ``most``; shapes only."""
+    if not slots:  # the earlier rule (sweep knob)
+        pages = 1
+        while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 512:
+            pages *= 2
+        return pages
+
+    def cost(pages):
+        waves = -(-n_tiles * -(-max_pages // pages) // slots)
+        return waves * (pages + 1), -pages  # ties: fewer, longer programs
+
+    return min(range(1, min(most, max_pages) + 1), key=cost)
+
+
 def _check_rows(name, page_table, row_req, row_pos, num_rows):
     if page_table.dim() != 2:
         raise ValueError(f"page_table must be [num_reqs, max_pages], got {tuple(page_table.shape)}")
@@ -574,11 +616,10 @@ def msa_topk(
     rows_per_req = -(-R // max(num_reqs, 1))
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
-    # Pages per program: longer programs once the grid has >= 512 of them; 4 warps and a
-    # 2-stage pipeline measured best on the H200 (benchmarks/sweep_indexer.py).
-    pages = 1
-    while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 512:
-        pages *= 2
+    k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
+    row_kernel = H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA)
+    slots, most, ppi = _SCORE_GRID["row" if row_kernel else "tile"]
+    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * slots, most)
     k2 = triton.next_power_of_2(topk)
     chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     num_chunks = -(-max_pages // chunk)
@@ -588,8 +629,7 @@ def msa_topk(
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
     sel = dict(FUSE=fuse, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
-    k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
-    if H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA):
+    if row_kernel:
         _block_score_row_kernel[(R, -(-max_pages // pages))](
             index_q,
             index_k_cache,
@@ -601,6 +641,7 @@ def msa_topk(
             cnt,
             float(k_scale),
             R,
+            pages,
             index_q.stride(0),
             index_k_cache.stride(0),
             page_table.stride(0),
@@ -608,9 +649,9 @@ def msa_topk(
             out.stride(0),
             D=D,
             BS=block_size,
-            PAGES=pages,
+            PPI=ppi,
             **sel,
-            num_warps=4,
+            num_warps=_SCORE_WARPS,
             num_stages=2,
             **launch,
         )
@@ -626,6 +667,7 @@ def msa_topk(
             cnt,
             float(k_scale),
             R,
+            pages,
             index_q.stride(0),
             index_q.stride(1),
             index_k_cache.stride(0),
@@ -639,12 +681,12 @@ def msa_topk(
             BS=block_size,
             BLOCK_R=block_r,
             BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-            PAGES=pages,
+            PPI=ppi,
             Q_FP32=index_q.dtype == torch.float32,
             K_FP8=k_fp8,
             SEL_M=sel_m,
             **sel,
-            num_warps=4,
+            num_warps=_SCORE_WARPS,
             num_stages=2,
             **launch,
         )

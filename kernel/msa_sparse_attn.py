@@ -105,7 +105,7 @@ import os  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .paged import counters  # noqa: E402
+from .paged import counters, sm_count  # noqa: E402
 
 _LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 _NVFP4_UNIT = 2.0**14  # NVFP4 pages are decoded as e2m1 * 2^-14 (see _load_page)
@@ -118,6 +118,9 @@ _WARPS = {0: 8, 1: 8, 2: 8}
 # the last program reads the NS partials one L2 round trip after another, which cost ~3 us
 # more than the merge launch at batch 1-8 (run6); kept as a sweep knob.
 _FUSE_MERGE = False
+# Split-K: add splits (powers of two, up to the selected pages) until the grid holds this
+# many programs per SM. Sweep knob.
+_SPLIT_PROGRAMS_PER_SM = 2
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # programmatic dependent launch: on by default on sm_90+ (SGLANG_M3_PDL=0 turns it off)
 _PDL = os.environ.get("SGLANG_M3_PDL", "1") != "0"
@@ -592,10 +595,10 @@ def msa_attention(
         return out
     group = Hq // hkv
     topk = block_ids.shape[2] if block_ids is not None else 0
-    # Splits so that R * Hkv * NS fills the 132 SMs about twice; from shapes only.
+    # Splits so that R * Hkv * NS reaches _SPLIT_PROGRAMS_PER_SM programs per SM; shapes only.
     max_splits = triton.next_power_of_2(topk) if block_ids is not None else triton.next_power_of_2(page_table.shape[1])
     ns = 1
-    while ns < max_splits and R * hkv * ns < 264:
+    while ns < max_splits and R * hkv * ns < _SPLIT_PROGRAMS_PER_SM * sm_count(q.device):
         ns *= 2
     f32 = q.dtype == torch.float32
     eo = mode == 2 and _NVFP4_EVEN_ODD and not f32

@@ -37,6 +37,18 @@ def rows_by_request(row_req: torch.Tensor):
         yield req, torch.nonzero(row_req == req, as_tuple=False).flatten()
 
 
+_SM_COUNTS: dict[str, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (cached); 132 (an H200) elsewhere, e.g. the interpreter."""
+    key = str(device)
+    if key not in _SM_COUNTS:
+        cuda = device.type == "cuda"
+        _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
+    return _SM_COUNTS[key]
+
+
 _COUNTERS: dict[tuple[str, str], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # replaced buffers stay alive: a captured CUDA graph may still use them
 

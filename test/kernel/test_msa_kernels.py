@@ -68,6 +68,16 @@ CASES = {
     "tp4_decode_verify": ([300, 2100, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (1, 3, 4), ()),
     "small_prefill": ([40, 150, 97, 16, 260], 16, 4, 2, 4, (1,), (2, 4)),
     "tp4_decode_only": ([300, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (), ()),  # single-row score path
+    # 64 uneven decode rows: score programs of many pages whose chunks end mid-request
+    "tp4_decode_64_uneven": (
+        torch.randint(1, 20000, (64,), generator=torch.Generator().manual_seed(5)).tolist(),
+        128,
+        16,
+        1,
+        16,
+        (),
+        (),
+    ),
 }
 
 

@@ -1,0 +1,94 @@
+"""Indexer kernels and grids for bf16 index-K (tuning notes, not a test).
+
+Run on the GPU host: ``python3 benchmarks/sweep_grid.py``. Times, each as a CUDA-graph replay
+with the L2 flushed (scripts/bench_kernels.py's harness), median of 10, the bf16 indexer
+alone and the full decode with: the tensor-core tile kernel at 4 or 8 warps or with the
+select as its own launch, and the FMA row kernel at 4 / 8 warps and 1 / 2 pages per iteration.
+Earlier sweeps of this script (grid rules, FP8 pages per iteration): benchmarks/NOTES.md,
+run 10. ``--probe`` runs one eager call of each kernel for ``ncu``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+
+_root = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
+from sweep_fusion import ITERS, Problem, kvq, ma, mt, run_path, time_graph  # noqa: E402
+from sweep_pdl import indexer  # noqa: E402
+
+DEFAULT_GRID = dict(mt._SCORE_GRID)
+VARIANTS = {  # bf16 index-K: tensor-core tile kernel vs FMA row kernel; warps; pages per iteration
+    "tile,w4": {},
+    "tile,w8": dict(warps=8),
+    "tile,2-launch": dict(fuse=0),
+    "row,w4,ppi1": dict(row=True, ppi=1),
+    "row,w8,ppi1": dict(row=True, ppi=1, warps=8),
+    "row,w8,ppi2": dict(row=True, ppi=2, warps=8),
+}
+
+
+def set_knobs(row=False, ppi=2, warps=4, fuse=64):
+    mt._SCORE_GRID = dict(DEFAULT_GRID, row=(8, 8, ppi))
+    mt._SCORE_ROW_FMA = row
+    mt._SCORE_WARPS = warps
+    mt._FUSE_SELECT_MAX_ROWS = fuse
+
+
+def line(text, out):
+    print(text, flush=True)
+    out.append(text)
+
+
+def main():
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    summary = []
+    for dtype in ("bf16",):
+        for ctx in (32768, 131072):
+            for batch in (1, 8, 64):
+                p = Problem(kvq, dtype, batch, ctx)
+                floor = p.floor_us("indexer", 1)
+                for name, kw in VARIANTS.items():
+                    set_knobs(**kw)
+                    t = time_graph(indexer(p), ITERS, flush)
+                    line(
+                        f"indexer {dtype:4s} b={batch:<3d} ctx={ctx:<7d} {name:14s} {t:8.2f} us  floor {floor:7.2f}",
+                        summary,
+                    )
+                del p
+                torch.cuda.empty_cache()
+    for dtype, batch, ctx in (("bf16", 8, 32768), ("bf16", 8, 131072)):
+        p = Problem(kvq, dtype, batch, ctx)
+        for rep in range(2):
+            for name, kw in VARIANTS.items():
+                set_knobs(**kw)
+                t = run_path(p, "decode", flush)
+                floor = p.floor_us("decode", 1)
+                line(
+                    f"decode {dtype:4s} b={batch:<3d} ctx={ctx} rep{rep} {name:14s} {t:8.2f} us  floor {floor:6.1f}",
+                    summary,
+                )
+        del p
+        torch.cuda.empty_cache()
+    set_knobs()
+    print("\n".join(["", "== summary =="] + summary))
+
+
+def probe():
+    """One eager call each, for ``ncu``: the bf16 indexer at batch 8 x 32K, FP8 / NVFP4 attention at batch 1 x 32K."""
+    p = Problem(kvq, "bf16", 8, 32768)
+    indexer(p)()
+    for dtype in ("fp8", "nvfp4"):
+        p = Problem(kvq, dtype, 1, 32768)
+        req, pos, iq, q = p.rows["decode"]
+        ids = indexer(p)()
+        ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
+        ma.msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=128, scale=0.088, **ks)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    probe() if "--probe" in sys.argv else main()
