@@ -58,6 +58,42 @@ def test_topk_single_row_fma_path(monkeypatch, fp8):
     assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_topk_long_score_programs(monkeypatch, fp8):
+    """With one SM, each score program walks a whole row (12 pages; FP8 decode rows two pages per step)."""
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    monkeypatch.setattr(mt, "sm_count", lambda device: 1)
+    g, pt, rr, rp = _batch(4)
+    if fp8:
+        rr, rp = rr[[0, 1, 5, 10]], rp[[0, 1, 5, 10]]  # one row per request: the FMA row kernel
+    iq = torch.randn(len(rr), 1, D, generator=g).to(DEV)
+    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
+    cache = kq.fp8_quantize_ref(ik, 0.5) if fp8 else ik
+    view = kq.fp8_dequantize_ref(cache, 0.5) if fp8 else ik
+    got = msa_topk(iq, cache, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, k_scale=0.5 if fp8 else 1.0)
+    assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
+
+
+def test_score_pages_fill_whole_waves():
+    from sglang_m3_kernels.msa_index_topk import _score_pages
+
+    for tiles, pages_per_row, slots, most in [
+        (1, 64, 528, 32),
+        (8, 256, 528, 32),
+        (8, 1024, 528, 32),
+        (64, 1024, 1056, 8),
+    ]:
+        pages = _score_pages(tiles, pages_per_row, slots, most)
+        programs = tiles * -(-pages_per_row // pages)
+        assert 1 <= pages <= most
+        if tiles * -(-pages_per_row // most) <= slots:  # one wave is possible: the rule takes it
+            assert programs <= slots
+    assert _score_pages(1, 64, 528, 32) == 1  # short rows: one page per program, the most programs
+    assert _score_pages(8, 1024, 528, 32) == 16  # 512 programs, one wave (the earlier rule: 8 pages, 1.9 waves)
+    assert _score_pages(8, 1024, 0, 32) == 8  # slots 0: the earlier power-of-two rule
+
+
 @pytest.mark.parametrize("kind", ["fp32", "fp8", "nvfp4"])
 def test_attention_small(kind):
     g, pt, rr, rp = _batch(2)
