@@ -5,7 +5,8 @@ with the L2 flushed (scripts/bench_kernels.py's harness), median of 10, the bf16
 alone and the full decode with: the tensor-core tile kernel at 4 or 8 warps or with the
 select as its own launch, and the FMA row kernel at 4 / 8 warps and 1 / 2 pages per iteration.
 Earlier sweeps of this script (grid rules, FP8 pages per iteration): benchmarks/NOTES.md,
-run 10. ``--probe`` runs one eager call of each kernel for ``ncu``.
+run 10. ``--probe`` runs one eager call of each kernel for ``ncu``; ``--fuse`` times verify
+(batch 8) and batch-1/8 512K decode with the select fused up to 1024 keys per tile or not.
 """
 
 from __future__ import annotations
@@ -77,6 +78,26 @@ def main():
     print("\n".join(["", "== summary =="] + summary))
 
 
+def fuse_sweep():
+    """Select fused into the score kernel up to 1024 keys per tile (default) vs 0 (verify, twice) / 4096 keys."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    cases = [(dt, 8, ctx, "verify") for dt in ("bf16", "fp8", "nvfp4") for ctx in (32768, 131072)]
+    cases += [("bf16", 1, 524288, "decode"), ("fp8", 8, 524288, "decode")]
+    for dtype, batch, ctx, mode in cases:
+        p = Problem(kvq, dtype, batch, ctx)
+        for rep in range(2 if mode == "verify" else 1):
+            for keys in (1024, 0 if mode == "verify" else 4096):
+                mt._FUSE_SELECT_MAX_KEYS = keys
+                t = run_path(p, mode, flush)
+                print(
+                    f"{mode} {dtype:5s} b={batch:<2d} ctx={ctx:<6d} rep{rep} fuse<={keys:<4d} keys {t:8.2f} us",
+                    flush=True,
+                )
+        del p
+        torch.cuda.empty_cache()
+    mt._FUSE_SELECT_MAX_KEYS = 1024
+
+
 def probe():
     """One eager call each, for ``ncu``: the bf16 indexer at batch 8 x 32K, FP8 / NVFP4 attention at batch 1 x 32K."""
     p = Problem(kvq, "bf16", 8, 32768)
@@ -91,4 +112,4 @@ def probe():
 
 
 if __name__ == "__main__":
-    probe() if "--probe" in sys.argv else main()
+    {"--probe": probe, "--fuse": fuse_sweep}.get(sys.argv[-1], main)()

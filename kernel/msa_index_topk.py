@@ -182,13 +182,13 @@ _SCORE_ROW_FMA = False
 _SCORE_GRID = {"tile": (4, 32, 1), "row": (8, 8, 2)}  # kernel: (SLOTS, MOST, PPI)
 _SCORE_WARPS = 4  # warps per score program (sweep knob)
 # Fuse the top-k selection into the score kernel when there are at most this many query
-# rows, a tile holds at most _FUSE_SELECT_MAX_TILE_ROWS (row, head) pairs and the whole row
-# fits one in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one
-# row per tile (decode: ~1.5 us at 32K, ~3.5 us at 128K, about even at 8K; batch 64 FP8
-# 304 vs 338 us) and lost for verify tiles (4 rows x 1024 blocks sorted by one program:
-# +30 us at 128K), so verify keeps the select launch. Sweep knobs.
+# rows and a tile's keys ((row, head) pairs x blocks) fit _FUSE_SELECT_MAX_KEYS, one
+# in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one row per tile
+# (decode: ~1.5 us at 32K, ~3.5 us at 128K = 1024 keys, about even at 8K; batch 64 FP8 304
+# vs 338 us) and lost for verify tiles of 4 rows x 1024 blocks (+30 us at 128K: 4096 int64
+# keys spill from 4 warps' registers). Sweep knobs.
 _FUSE_SELECT_MAX_ROWS = 64
-_FUSE_SELECT_MAX_TILE_ROWS = 1
+_FUSE_SELECT_MAX_KEYS = 1024
 
 
 @triton.jit
@@ -624,7 +624,7 @@ def msa_topk(
     chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     num_chunks = -(-max_pages // chunk)
     sel_m = triton.next_power_of_2(block_r * H)
-    fuse = num_chunks == 1 and R <= _FUSE_SELECT_MAX_ROWS and sel_m <= _FUSE_SELECT_MAX_TILE_ROWS
+    fuse = num_chunks == 1 and R <= _FUSE_SELECT_MAX_ROWS and sel_m * chunk <= _FUSE_SELECT_MAX_KEYS
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}

@@ -247,7 +247,7 @@ def test_fused_select_equals_two_launch_path(monkeypatch, verify, kdtype):
     monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 0)
     want = msa_topk(iq, ik, pt, rr, rp, **kw)
     monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20)
-    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_TILE_ROWS", 1 << 20)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_KEYS", 1 << 30)
     out = torch.full_like(want, -7)
     graph = torch.cuda.CUDAGraph()
     msa_topk(iq, ik, pt, rr, rp, out=out, **kw)  # compile outside capture

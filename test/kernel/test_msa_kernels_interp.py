@@ -159,7 +159,7 @@ def test_select_fused_or_not_and_merge_launch(monkeypatch, fuse):
     import sglang_m3_kernels.msa_sparse_attn as ma
 
     monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20 if fuse else 0)
-    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_TILE_ROWS", 1 << 20)
+    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_KEYS", 1 << 30)
     monkeypatch.setattr(ma, "_FUSE_MERGE", fuse)
     g, pt, rr, rp = _batch(5)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
