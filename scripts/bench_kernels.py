@@ -26,7 +26,7 @@ Usage (GPU host; upstream on PYTHONPATH, see build-runtime.sh)::
 Writes ``<out>/kernels.json`` (records) and ``<out>/kernels.md`` (table, command, date). Upstream's
 first calls autotune for minutes: to fit a device call, time ours (``--no-upstream``) and upstream
 (``--only-upstream --deadline S``) as two passes of one call and join them anywhere with
-``--merge OURS_JSON UPSTREAM_JSON --out DIR`` (benchmarks/kernels.md, run 9).
+``--merge OURS_JSON UPSTREAM_JSON --out DIR`` (benchmarks/kernels.md, runs 9 and 11).
 """
 
 from __future__ import annotations
