@@ -243,13 +243,13 @@ def _load_nvfp4_halves(
             pack=4,
         )
         return lo, hi
-    packed = packed.to(tl.int32)
+    packed = packed.to(tl.int16)
     sc = tl.load(sc_ptr + slots[:, None].to(tl.int64) * stride_st + head * stride_sh + i // 8, mask=live, other=0.0).to(
         tl.float16
     )
     # fp16(m << 9) = e2m1(m) * 2^-14 (see _load_page); sign bit 3 -> bit 15
-    lo = (((packed & 7) << 9) | ((packed & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-    hi = (((packed & 0x70) << 5) | ((packed & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+    lo = (((packed & 7) << 9) | ((packed & 8) << 12)).to(tl.float16, bitcast=True)
+    hi = (((packed & 0x70) << 5) | ((packed & 0x80) << 8)).to(tl.float16, bitcast=True)
     return lo * sc, hi * sc
 
 
