@@ -543,11 +543,6 @@ def _topk_select_kernel(
 @functools.lru_cache(maxsize=4096)
 def _score_pages(n_tiles: int, max_pages: int, slots: int, most: int) -> int:
     """Pages per score program for ``slots`` resident programs, at most ``most``; shapes only."""
-    if not slots:  # the earlier rule (sweep knob)
-        pages = 1
-        while pages < 8 and n_tiles * -(-max_pages // (2 * pages)) >= 512:
-            pages *= 2
-        return pages
 
     def cost(pages):
         waves = -(-n_tiles * -(-max_pages // pages) // slots)
