@@ -18,6 +18,7 @@ import torch
 
 _root = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
+from bench_kernels import BLOCK, SCALE  # noqa: E402
 from sweep_fusion import ITERS, Problem, kvq, ma, mt, run_path, time_graph  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -47,30 +48,25 @@ def line(text, out):
 def main():
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     summary = []
-    for dtype in ("bf16",):
-        for ctx in (32768, 131072):
-            for batch in (1, 8, 64):
-                p = Problem(kvq, dtype, batch, ctx)
-                floor = p.floor_us("indexer", 1)
-                for name, kw in VARIANTS.items():
-                    set_knobs(**kw)
-                    t = time_graph(indexer(p), ITERS, flush)
-                    line(
-                        f"indexer {dtype:4s} b={batch:<3d} ctx={ctx:<7d} {name:14s} {t:8.2f} us  floor {floor:7.2f}",
-                        summary,
-                    )
-                del p
-                torch.cuda.empty_cache()
-    for dtype, batch, ctx in (("bf16", 8, 32768), ("bf16", 8, 131072)):
-        p = Problem(kvq, dtype, batch, ctx)
+    for ctx in (32768, 131072):
+        for batch in (1, 8, 64):
+            p = Problem(kvq, "bf16", batch, ctx)
+            floor = p.floor_us("indexer", 1)
+            for name, kw in VARIANTS.items():
+                set_knobs(**kw)
+                t = time_graph(indexer(p), ITERS, flush)
+                line(f"indexer bf16 b={batch:<3d} ctx={ctx:<7d} {name:14s} {t:8.2f} us  floor {floor:7.2f}", summary)
+            del p
+            torch.cuda.empty_cache()
+    for batch, ctx in ((8, 32768), (8, 131072)):
+        p = Problem(kvq, "bf16", batch, ctx)
         for rep in range(2):
             for name, kw in VARIANTS.items():
                 set_knobs(**kw)
                 t = run_path(p, "decode", flush)
                 floor = p.floor_us("decode", 1)
                 line(
-                    f"decode {dtype:4s} b={batch:<3d} ctx={ctx} rep{rep} {name:14s} {t:8.2f} us  floor {floor:6.1f}",
-                    summary,
+                    f"decode bf16 b={batch:<3d} ctx={ctx} rep{rep} {name:14s} {t:8.2f} us  floor {floor:6.1f}", summary
                 )
         del p
         torch.cuda.empty_cache()
@@ -107,7 +103,9 @@ def probe():
         req, pos, iq, q = p.rows["decode"]
         ids = indexer(p)()
         ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
-        ma.msa_attention(q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=128, scale=0.088, **ks)
+        ma.msa_attention(
+            q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
+        )
     torch.cuda.synchronize()
 
 

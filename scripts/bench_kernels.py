@@ -423,10 +423,12 @@ def main():
         print(f"[{time.time() - t0:.0f} s]", flush=True)
         del p
         torch.cuda.empty_cache()
-        out = pathlib.Path(args.out).resolve()
-        env_out = os.environ.get("OUT")  # the device tool's return folder
-        extra = [pathlib.Path(env_out).resolve()] if env_out else []
-        for d in [out] + [e for e in extra if e not in (out, *out.parents)]:
+        dirs = [pathlib.Path(args.out).resolve()]
+        if os.environ.get("OUT"):  # the device tool's return folder, unless --out already lies in it
+            env_out = pathlib.Path(os.environ["OUT"]).resolve()
+            if env_out not in (dirs[0], *dirs[0].parents):
+                dirs.append(env_out)
+        for d in dirs:
             write_outputs(records, d, sys.argv)
 
 
