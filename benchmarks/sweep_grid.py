@@ -94,6 +94,52 @@ def fuse_sweep():
     mt._FUSE_SELECT_MAX_KEYS = 1024
 
 
+SCORE_VARIANTS = {  # (dtype, name): knobs; pl = page ids preloaded, sN = num_stages, t = tile grid
+    ("bf16", "tile"): {},
+    ("bf16", "pl,s2"): dict(preload=True),
+    ("bf16", "pl,s3"): dict(preload=True, stages=3, tile=(3, 32, 1)),
+    ("bf16", "pl,s4"): dict(preload=True, stages=4, tile=(2, 32, 1)),
+    ("bf16", "s5"): dict(stages=5, tile=(3, 32, 1)),
+    ("fp8", "row"): {},
+    ("fp8", "tile"): dict(fp8_row=False),
+    ("fp8", "tile,pl,s3"): dict(fp8_row=False, preload=True, stages=3),
+    ("fp8", "tile,pl,s4"): dict(fp8_row=False, preload=True, stages=4),
+    ("fp8", "tile,ppi2"): dict(fp8_row=False, tile=(4, 32, 2)),
+}
+
+
+def set_score(fp8_row=True, preload=False, stages=2, tile=(4, 32, 1)):
+    set_knobs()
+    mt._SCORE_GRID = dict(DEFAULT_GRID, tile=tile)
+    mt._SCORE_FP8_ROW, mt._SCORE_PRELOAD, mt._SCORE_STAGES = fp8_row, preload, stages
+
+
+def score_sweep():
+    """Score-kernel pipelining (``--score``): bf16 / FP8 indexer at batch 1/8/64 x 32K/128K and the
+    decode at batch 8 (both contexts) and 64 x 128K, every variant twice."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    summary = []
+    for dtype in ("bf16", "fp8"):
+        variants = {n: kw for (dt, n), kw in SCORE_VARIANTS.items() if dt == dtype}
+        for ctx, batch in ((32768, 8), (131072, 8), (131072, 1), (32768, 64), (131072, 64)):
+            p = Problem(kvq, dtype, batch, ctx)
+            floor = p.floor_us("indexer", 1)
+            for rep in range(2):
+                for name, kw in variants.items():
+                    set_score(**kw)
+                    ti = time_graph(indexer(p), ITERS, flush)
+                    t = run_path(p, "decode", flush) if batch > 1 else float("nan")
+                    line(
+                        f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} rep{rep} {name:11s} indexer {ti:8.2f} us"
+                        f"  decode {t:8.2f} us  (indexer floor {floor:7.2f})",
+                        summary,
+                    )
+            del p
+            torch.cuda.empty_cache()
+    set_score()
+    print("\n".join(["", "== summary =="] + summary))
+
+
 def probe():
     """One eager call each, for ``ncu``: the bf16 indexer at batch 8 x 32K, FP8 / NVFP4 attention at batch 1 x 32K."""
     p = Problem(kvq, "bf16", 8, 32768)
@@ -110,4 +156,4 @@ def probe():
 
 
 if __name__ == "__main__":
-    {"--probe": probe, "--fuse": fuse_sweep}.get(sys.argv[-1], main)()
+    {"--probe": probe, "--fuse": fuse_sweep, "--score": score_sweep}.get(sys.argv[-1], main)()

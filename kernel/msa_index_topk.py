@@ -181,6 +181,9 @@ _SCORE_ROW_FMA = False
 # to -1 us elsewhere, while the tile kernel lost 2-20 us with PPI 2. Sweep knobs.
 _SCORE_GRID = {"tile": (4, 32, 1), "row": (8, 8, 2)}  # kernel: (SLOTS, MOST, PPI)
 _SCORE_WARPS = 4  # warps per score program (sweep knob)
+_SCORE_STAGES = 2
+_SCORE_FP8_ROW = True  # FP8 one-row tiles on the FMA row kernel (else the tile kernel); sweep knob
+_SCORE_PRELOAD = False  # page ids of a program's chunk loaded before its loop (PPI 1); sweep knob
 # Fuse the top-k selection into the score kernel when there are at most this many query
 # rows and a tile's keys ((row, head) pairs x blocks) fit _FUSE_SELECT_MAX_KEYS, one
 # in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one row per tile
@@ -316,6 +319,7 @@ def _block_score_kernel(
     PPI: tl.constexpr,
     Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
+    PRELOAD: tl.constexpr,
     FUSE: tl.constexpr,
     SEL_M: tl.constexpr,
     TOPK: tl.constexpr,
@@ -353,10 +357,20 @@ def _block_score_kernel(
         leader = tl.min(tl.where(done, 9223372036854775807, req))
         seg = (req == leader) & ~done
         last_blk = tl.max(tl.where(seg, pos, -1)) // BS
+        if PRELOAD:
+            pp = tl.arange(0, PRELOAD)
+            pids = tl.load(
+                pt_ptr + leader * stride_ptr + first_page + pp,
+                mask=(pp < pages) & (first_page + pp <= last_blk),
+                other=0,
+            )
         for i in range(0, pages, PPI):
             b = first_page + i + jj // BS  # PPI pages per iteration, token jj of page jj // BS
             live = (b <= last_blk) & (b < end)  # pages past the segment's last block are never loaded
-            page = tl.load(pt_ptr + leader * stride_ptr + b, mask=live, other=0).to(tl.int64)
+            if PRELOAD:
+                page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
+            else:
+                page = tl.load(pt_ptr + leader * stride_ptr + b, mask=live, other=0).to(tl.int64)
             # -- load PPI index-K pages [PPI * BS, D]; fp8 widens exactly to bf16/fp32 ----
             kt = tl.load(k_ptr + (page * BS + jj % BS)[:, None] * stride_kt + d[None, :], mask=live[:, None], other=0.0)
             if Q_FP32:
@@ -612,7 +626,7 @@ def msa_topk(
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
-    row_kernel = H == 1 and block_r == 1 and (k_fp8 or _SCORE_ROW_FMA)
+    row_kernel = H == 1 and block_r == 1 and ((k_fp8 and _SCORE_FP8_ROW) or _SCORE_ROW_FMA)
     slots, most, ppi = _SCORE_GRID["row" if row_kernel else "tile"]
     pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * slots, most)
     k2 = triton.next_power_of_2(topk)
@@ -647,7 +661,7 @@ def msa_topk(
             PPI=ppi,
             **sel,
             num_warps=_SCORE_WARPS,
-            num_stages=2,
+            num_stages=_SCORE_STAGES,
             **launch,
         )
     else:
@@ -679,10 +693,11 @@ def msa_topk(
             PPI=ppi,
             Q_FP32=index_q.dtype == torch.float32,
             K_FP8=k_fp8,
+            PRELOAD=triton.next_power_of_2(most) if _SCORE_PRELOAD and ppi == 1 else 0,
             SEL_M=sel_m,
             **sel,
             num_warps=_SCORE_WARPS,
-            num_stages=2,
+            num_stages=_SCORE_STAGES,
             **launch,
         )
     if fuse:

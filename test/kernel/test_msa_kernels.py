@@ -231,6 +231,38 @@ def test_bad_inputs_raise_value_error():
         msa_topk(q[:, :1], kc[:, 0, :64], pt, rows, rows, block_size=128, topk=16, local_blocks=1)
 
 
+SCORE_KNOBS = {  # score-kernel variants (sweep knobs): FP8 one-row tiles on the tile kernel, preloaded page ids
+    "fp8-tile": dict(_SCORE_FP8_ROW=False),
+    "fp8-tile-preload-s3": dict(_SCORE_FP8_ROW=False, _SCORE_PRELOAD=True, _SCORE_STAGES=3),
+    "bf16-preload-s3": dict(_SCORE_PRELOAD=True, _SCORE_STAGES=3),
+    "bf16-preload-s4": dict(_SCORE_PRELOAD=True, _SCORE_STAGES=4),
+}
+
+
+@pytest.mark.parametrize("case", ["tp4_decode_verify", "small_prefill", "tp4_decode_64_uneven"])
+@pytest.mark.parametrize("variant", list(SCORE_KNOBS))
+def test_score_kernel_variants_match_reference(monkeypatch, case, variant):
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    for name, value in SCORE_KNOBS[variant].items():
+        monkeypatch.setattr(mt, name, value)
+    lens, block, topk, hkv, _, verify, prefill = CASES[case]
+    g = torch.Generator(device=DEV).manual_seed(hash((case, variant)) % 2**31)
+    pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=3)
+    iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
+    ik = torch.randn(slots, 128, device=DEV, generator=g)
+    if variant.startswith("bf16"):
+        cache, ks = ik.to(torch.bfloat16), 1.0
+        view = cache.float()
+    else:
+        cache, ks = kq.fp8_quantize_ref(ik, 0.5), 0.5
+        view = kq.fp8_dequantize_ref(cache, ks)
+    got = msa_topk(iq, cache, pt, rr, rp, block_size=block, topk=topk, local_blocks=1, k_scale=ks)
+    ref = msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+    assert (got == ref).float().mean() > 0.99
+
+
 @pytest.mark.parametrize("verify", [(), (0, 1, 2, 3, 4)])
 @pytest.mark.parametrize("kdtype", ["bf16", "fp8"])
 def test_fused_select_equals_two_launch_path(monkeypatch, verify, kdtype):

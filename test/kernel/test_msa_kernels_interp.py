@@ -75,6 +75,22 @@ def test_topk_long_score_programs(monkeypatch, fp8):
     assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
+@pytest.mark.parametrize("preload", [False, True])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_topk_fp8_tile_kernel(monkeypatch, preload, heads):
+    """FP8 index-K and bf16 q through the tile kernel (one-row tiles too), page ids loaded per page or up front."""
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    monkeypatch.setattr(mt, "_SCORE_FP8_ROW", False)
+    monkeypatch.setattr(mt, "_SCORE_PRELOAD", preload)
+    g, pt, rr, rp = _batch(5)
+    iq = torch.randn(len(rr), heads, D, generator=g).to(torch.bfloat16).to(DEV)
+    cache = kq.fp8_quantize_ref(torch.randn(64 * BS, D, generator=g).to(DEV), 0.5)
+    view = kq.fp8_dequantize_ref(cache, 0.5)
+    got = msa_topk(iq, cache, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, k_scale=0.5)
+    assert torch.equal(got, msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
+
+
 def test_score_pages_fill_whole_waves():
     from sglang_m3_kernels.msa_index_topk import _score_pages
 
