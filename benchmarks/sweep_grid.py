@@ -2,11 +2,11 @@
 
 Run on the GPU host: ``python3 benchmarks/sweep_grid.py``. Times, each as a CUDA-graph replay
 with the L2 flushed (scripts/bench_kernels.py's harness), median of 10, the bf16 indexer
-alone and the full decode with: the tensor-core tile kernel at 4 or 8 warps or with the
-select as its own launch, and the FMA row kernel at 4 / 8 warps and 1 / 2 pages per iteration.
-Earlier sweeps of this script (grid rules, FP8 pages per iteration): benchmarks/NOTES.md,
-run 10. ``--probe`` runs one eager call of each kernel for ``ncu``; ``--fuse`` times verify
-(batch 8) and batch-1/8 512K decode with the select fused up to 1024 keys per tile or not.
+alone and the full decode with the tensor-core tile kernel at 4 or 8 warps or with the
+select as its own launch. Earlier sweeps of this script (grid rules, the FMA row kernel and
+pages per iteration, since removed): benchmarks/NOTES.md, runs 10 and 13. ``--probe`` runs
+one eager call of each kernel for ``ncu``; ``--fuse`` times verify (batch 8) and batch-1/8
+512K decode with the select fused up to 1024 keys per tile or not; ``--score`` the stages.
 """
 
 from __future__ import annotations
@@ -22,22 +22,18 @@ from bench_kernels import BLOCK, SCALE  # noqa: E402
 from sweep_fusion import ITERS, Problem, kvq, ma, mt, run_path, time_graph  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
-DEFAULT_GRID = dict(mt._SCORE_GRID)
-VARIANTS = {  # bf16 index-K: tensor-core tile kernel vs FMA row kernel; warps; pages per iteration
+DEFAULT_STAGES = dict(mt._SCORE_STAGES)
+VARIANTS = {  # bf16 index-K, tensor-core tile kernel: warps; select fused or its own launch
     "tile,w4": {},
     "tile,w8": dict(warps=8),
     "tile,2-launch": dict(fuse=0),
-    "row,w4,ppi1": dict(row=True, ppi=1),
-    "row,w8,ppi1": dict(row=True, ppi=1, warps=8),
-    "row,w8,ppi2": dict(row=True, ppi=2, warps=8),
 }
 
 
-def set_knobs(row=False, ppi=2, warps=4, fuse=64):
-    mt._SCORE_GRID = dict(DEFAULT_GRID, row=(8, 8, ppi))
-    mt._SCORE_ROW_FMA = row
+def set_knobs(warps=4, fuse=64, stages=None):
     mt._SCORE_WARPS = warps
     mt._FUSE_SELECT_MAX_ROWS = fuse
+    mt._SCORE_STAGES = dict(DEFAULT_STAGES, **(stages or {}))
 
 
 def line(text, out):
@@ -94,49 +90,32 @@ def fuse_sweep():
     mt._FUSE_SELECT_MAX_KEYS = 1024
 
 
-SCORE_VARIANTS = {  # (dtype, name): knobs; pl = page ids preloaded, sN = num_stages, t = tile grid
-    ("bf16", "tile"): {},
-    ("bf16", "pl,s2"): dict(preload=True),
-    ("bf16", "pl,s3"): dict(preload=True, stages=3, tile=(3, 32, 1)),
-    ("bf16", "pl,s4"): dict(preload=True, stages=4, tile=(2, 32, 1)),
-    ("bf16", "s5"): dict(stages=5, tile=(3, 32, 1)),
-    ("fp8", "row"): {},
-    ("fp8", "tile"): dict(fp8_row=False),
-    ("fp8", "tile,pl,s3"): dict(fp8_row=False, preload=True, stages=3),
-    ("fp8", "tile,pl,s4"): dict(fp8_row=False, preload=True, stages=4),
-    ("fp8", "tile,ppi2"): dict(fp8_row=False, tile=(4, 32, 2)),
-}
-
-
-def set_score(fp8_row=True, preload=False, stages=2, tile=(4, 32, 1)):
-    set_knobs()
-    mt._SCORE_GRID = dict(DEFAULT_GRID, tile=tile)
-    mt._SCORE_FP8_ROW, mt._SCORE_PRELOAD, mt._SCORE_STAGES = fp8_row, preload, stages
+STAGE_VARIANTS = {"s2": 2, "s3": 3, "s4": 4}  # index-K pages in flight per score program: stages - 1
 
 
 def score_sweep():
     """Score-kernel pipelining (``--score``): bf16 / FP8 indexer at batch 1/8/64 x 32K/128K and the
-    decode at batch 8 (both contexts) and 64 x 128K, every variant twice."""
+    decode at batch 8 (both contexts) and 64 x 128K with 2-4 stages, every variant twice. Run 13
+    (NOTES.md) also timed the FP8 FMA row kernel and per-page page-id loads, since removed."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     summary = []
     for dtype in ("bf16", "fp8"):
-        variants = {n: kw for (dt, n), kw in SCORE_VARIANTS.items() if dt == dtype}
         for ctx, batch in ((32768, 8), (131072, 8), (131072, 1), (32768, 64), (131072, 64)):
             p = Problem(kvq, dtype, batch, ctx)
             floor = p.floor_us("indexer", 1)
             for rep in range(2):
-                for name, kw in variants.items():
-                    set_score(**kw)
+                for name, stages in STAGE_VARIANTS.items():
+                    set_knobs(stages={dtype == "fp8": stages})
                     ti = time_graph(indexer(p), ITERS, flush)
                     t = run_path(p, "decode", flush) if batch > 1 else float("nan")
                     line(
-                        f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} rep{rep} {name:11s} indexer {ti:8.2f} us"
+                        f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} rep{rep} {name:4s} indexer {ti:8.2f} us"
                         f"  decode {t:8.2f} us  (indexer floor {floor:7.2f})",
                         summary,
                     )
             del p
             torch.cuda.empty_cache()
-    set_score()
+    set_knobs()
     print("\n".join(["", "== summary =="] + summary))
 
 

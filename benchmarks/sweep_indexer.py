@@ -1,10 +1,10 @@
 """Indexer paths and NVFP4 attention decode variants (tuning notes, not a test).
 
-Run on the GPU host: ``python3 benchmarks/sweep_indexer.py --paths`` (tensor-core vs FMA score
-kernel through ``msa_topk``, the select kernel alone) or ``--attention`` (NVFP4 decode variants
-beside FP8 / BF16). Prints one line per configuration. The score kernel's launch-grid sweep of
-runs 2-3 (``--grid``) drove the kernel directly and went with its old signature; the grid is
-now swept through ``msa_topk`` by ``sweep_grid.py``.
+Run on the GPU host: ``python3 benchmarks/sweep_indexer.py --paths`` (``msa_topk`` and the
+select kernel alone; run 3 also timed the FMA row score kernel, removed after run 13) or
+``--attention`` (NVFP4 decode variants beside FP8 / BF16). Prints one line per configuration.
+The score kernel's launch-grid sweep of runs 2-3 (``--grid``) drove the kernel directly and
+went with its old signature; the grid is now swept through ``msa_topk`` by ``sweep_grid.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ BS, D = 128, 128
 
 
 def sweep_indexer_paths():
-    """msa_topk end to end: tensor-core tile kernel vs the single-row FMA kernel; select alone."""
+    """msa_topk end to end; the select kernel alone."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     for batch, ctx, kdt in [
         (1, 131072, "bf16"),
@@ -42,11 +42,8 @@ def sweep_indexer_paths():
         pos = torch.full((batch,), ctx - 1, device="cuda")
         iq = torch.randn(batch, 1, D, device="cuda", dtype=torch.bfloat16)
         floor = batch * ctx * ik.element_size() * D / 4.3e12 * 1e6
-        for fma in (False, True):
-            mt._SCORE_ROW_FMA = fma
-            t = time_graph(lambda: mt.msa_topk(iq, ik, pt, req, pos, block_size=BS, topk=16, local_blocks=1), 10, flush)
-            print(f"msa_topk b={batch} ctx={ctx} {kdt} row_fma={fma}: {t:7.1f} us (floor {floor:.1f})", flush=True)
-        mt._SCORE_ROW_FMA = False
+        t = time_graph(lambda: mt.msa_topk(iq, ik, pt, req, pos, block_size=BS, topk=16, local_blocks=1), 10, flush)
+        print(f"msa_topk b={batch} ctx={ctx} {kdt}: {t:7.1f} us (floor {floor:.1f})", flush=True)
         scores = torch.randn(batch, 1, pages, device="cuda")
         out = torch.empty(batch, 1, 16, dtype=torch.int32, device="cuda")
         chunk = min(triton.next_power_of_2(pages), 4096)

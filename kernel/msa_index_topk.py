@@ -150,7 +150,8 @@ def msa_topk_shared_ref(
 #    (score desc, block asc), so the result equals ``msa_topk_ref`` slot for slot;
 #    exhausted slots (-inf) are -1. Rows of up to 4096 blocks (512K tokens at block 128)
 #    take one in-register bitonic top-k on packed (score, block) int64 keys.
-#    * fused (decode: one row per tile, <= 64 rows): every score program takes a ticket on
+#    * fused (<= 64 rows and <= 1024 (row, head, block) keys per tile: decode up to 128K,
+#      verify tiles of 4 rows up to 32K): every score program takes a ticket on
 #      its tile's counter after writing its block maxima; the program that draws the last
 #      ticket selects for all rows x heads of the tile (one 2-D top-k) and resets the
 #      counter to 0 for the next launch. Saves the second launch.
@@ -164,26 +165,23 @@ import triton.language as tl  # noqa: E402
 from .msa_sparse_attn import _gdc_launch_dependents, _gdc_wait, _use_pdl  # noqa: E402
 from .paged import counters, sm_count  # noqa: E402
 
-# Single-row tiles with one index head (TP decode) run on CUDA-core FMAs when the index-K
-# cache is FP8: e4m3 -> fp32 per element beat the tensor-core path's e4m3 -> fp16 + smem
-# staging (H200, batch 64 x 128K: 281 vs 330 us); with bf16 caches the tensor-core tile
-# kernel was as fast or faster (batch 8 x 32K: 31 vs 35 us). Knob for the sweep script.
-_SCORE_ROW_FMA = False
 # Score-kernel grid: each request's pages are cut into chunks of `pages` pages, one program
-# per (row tile, chunk), loading PPI pages per iteration. `pages` (at most MOST) minimises
-# waves x (pages + 1), a wave being SM count x SLOTS resident programs (+1: a program's
-# start-up costs about one page), so the programs come in whole waves. SLOTS is what fits an
-# SM: the tensor-core tile kernel 4 (114 registers and 37 KB of shared memory per program,
-# ncu), the FMA row kernel 8-10. H200, run 10 (benchmarks/NOTES.md): against the earlier rule
-# (power-of-two pages <= 8 once the grid has >= 512 programs) the bf16 batch 8 x 128K indexer
-# went 84 -> 81 us and FP8 batch 8 x 32K 29 -> 22; PPI 2 for the row kernel (two FP8 pages,
-# 32 KB, in flight per program) took FP8 batch 64 x 128K from 366 to 267 us and was neutral
-# to -1 us elsewhere, while the tile kernel lost 2-20 us with PPI 2. Sweep knobs.
-_SCORE_GRID = {"tile": (4, 32, 1), "row": (8, 8, 2)}  # kernel: (SLOTS, MOST, PPI)
+# per (row tile, chunk). `pages` (at most _SCORE_MOST_PAGES) minimises waves x (pages + 1), a
+# wave being SM count x _SCORE_SLOTS resident programs (+1: a program's start-up costs about
+# one page), so the programs come in whole waves; 4 programs fit an SM (90-106 registers,
+# 21-37 KB of shared memory). H200, run 10 (benchmarks/NOTES.md): against the earlier rule
+# (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16 batch 8 x 128K indexer
+# went 84 -> 81 us. A program loads its chunk's page ids once, before its loop, so the loads
+# of its index-K pages depend on no other load and Triton's pipeliner can keep num_stages - 1
+# of them in flight. Stages (bf16/fp32, FP8 index-K): one page in flight per program (2) was
+# best for bf16 (its 32 KB pages fill the SM's memory pipe with 4 programs; 3-5 stages lost
+# 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x 128K 294 -> 263 us, batch
+# 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel used for FP8 decode rows
+# until then (267-299 us there, 61 at batch 8; slower only at batch 1 x 128K, 17.4 vs 15.9).
+_SCORE_SLOTS = 4
+_SCORE_MOST_PAGES = 32
+_SCORE_STAGES = {False: 2, True: 3}  # keyed by "index-K cache is FP8"; sweep knob
 _SCORE_WARPS = 4  # warps per score program (sweep knob)
-_SCORE_STAGES = 2
-_SCORE_FP8_ROW = True  # FP8 one-row tiles on the FMA row kernel (else the tile kernel); sweep knob
-_SCORE_PRELOAD = False  # page ids of a program's chunk loaded before its loop (PPI 1); sweep knob
 # Fuse the top-k selection into the score kernel when there are at most this many query
 # rows and a tile's keys ((row, head) pairs x blocks) fit _FUSE_SELECT_MAX_KEYS, one
 # in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one row per tile
@@ -316,10 +314,9 @@ def _block_score_kernel(
     BS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    PPI: tl.constexpr,
+    MOST: tl.constexpr,
     Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
-    PRELOAD: tl.constexpr,
     FUSE: tl.constexpr,
     SEL_M: tl.constexpr,
     TOPK: tl.constexpr,
@@ -336,8 +333,8 @@ def _block_score_kernel(
     head = m % H
     row_ok = (m < BLOCK_R * H) & (row < R)
     d = tl.arange(0, D)
-    jj = tl.arange(0, PPI * BS)
-    end = first_page + pages
+    j = tl.arange(0, BS)
+    pp = tl.arange(0, MOST)
     _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
@@ -357,37 +354,22 @@ def _block_score_kernel(
         leader = tl.min(tl.where(done, 9223372036854775807, req))
         seg = (req == leader) & ~done
         last_blk = tl.max(tl.where(seg, pos, -1)) // BS
-        if PRELOAD:
-            pp = tl.arange(0, PRELOAD)
-            pids = tl.load(
-                pt_ptr + leader * stride_ptr + first_page + pp,
-                mask=(pp < pages) & (first_page + pp <= last_blk),
-                other=0,
-            )
-        for i in range(0, pages, PPI):
-            b = first_page + i + jj // BS  # PPI pages per iteration, token jj of page jj // BS
-            live = (b <= last_blk) & (b < end)  # pages past the segment's last block are never loaded
-            if PRELOAD:
-                page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
-            else:
-                page = tl.load(pt_ptr + leader * stride_ptr + b, mask=live, other=0).to(tl.int64)
-            # -- load PPI index-K pages [PPI * BS, D]; fp8 widens exactly to bf16/fp32 ----
-            kt = tl.load(k_ptr + (page * BS + jj % BS)[:, None] * stride_kt + d[None, :], mask=live[:, None], other=0.0)
+        # pages of this chunk up to the segment's last block; their ids, loaded up front
+        n = tl.minimum(pages, last_blk + 1 - first_page).to(tl.int32)
+        pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp, mask=pp < n, other=0)
+        for i in range(0, n):
+            b = first_page + i
+            page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
+            # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 --------------
+            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
             if Q_FP32:
-                s = tl.dot(q, tl.trans(kt.to(CDT)), input_precision="ieee")  # [BLOCK_M, PPI * BS]
+                s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BS]
             else:
-                s = tl.dot(q, tl.trans(kt.to(CDT)))
+                s = tl.dot(q, tl.trans(kt))
             # -- token-causal mask, then block max-pool ----------------------------------
-            key_pos = b * BS + jj % BS
-            s = tl.where(key_pos[None, :] <= pos[:, None], s, float("-inf"))
-            bmax = tl.max(tl.reshape(s, (BLOCK_M, PPI, BS)), axis=2) * k_scale  # k_scale > 0 commutes with max
-            pb = first_page + i + tl.arange(0, PPI)
-            pb_ok = (pb <= last_blk) & (pb < end)
-            tl.store(
-                score_ptr + row.to(tl.int64)[:, None] * stride_sr + head[:, None] * stride_sh + pb[None, :],
-                bmax,
-                mask=(seg[:, None] & pb_ok[None, :]),
-            )
+            s = tl.where((b * BS + j)[None, :] <= pos[:, None], s, float("-inf"))
+            bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
+            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg)
         done = done | seg
     _gdc_launch_dependents(PDL)
     if FUSE:
@@ -406,79 +388,6 @@ def _block_score_kernel(
             BS,
             BLOCK_R,
             SEL_M,
-            TOPK,
-            LOCAL,
-            CHUNK,
-            K2,
-        )
-
-
-@triton.jit
-def _block_score_row_kernel(
-    q_ptr,
-    k_ptr,
-    pt_ptr,
-    row_req_ptr,
-    row_pos_ptr,
-    score_ptr,
-    out_ptr,
-    cnt_ptr,
-    k_scale,
-    R,
-    pages,
-    stride_qr,
-    stride_kt,
-    stride_ptr,
-    stride_sr,
-    stride_or,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    PPI: tl.constexpr,
-    FUSE: tl.constexpr,
-    TOPK: tl.constexpr,
-    LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr,
-    K2: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """One row, one index head (TP decode): CUDA-core fp32 FMAs, no shared-memory staging."""
-    r = tl.program_id(0)
-    first_page = tl.program_id(1) * pages
-    d = tl.arange(0, D)
-    _gdc_wait(PDL)
-    req = tl.load(row_req_ptr + r).to(tl.int64)
-    pos = tl.load(row_pos_ptr + r).to(tl.int64)
-    last_blk = pos // BS
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + d).to(tl.float32)
-    end = first_page + pages
-    jj = tl.arange(0, PPI * BS)  # PPI pages per iteration, token jj of page jj // BS
-    for i in range(0, pages, PPI):
-        b = first_page + i + jj // BS
-        live = (b <= last_blk) & (b < end)
-        page = tl.load(pt_ptr + req * stride_ptr + b, mask=live, other=0).to(tl.int64)
-        kt = tl.load(k_ptr + (page * BS + jj % BS)[:, None] * stride_kt + d[None, :], mask=live[:, None], other=0.0)
-        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [PPI * BS] exact fp32 products
-        s = tl.where(b * BS + jj % BS <= pos, s, float("-inf"))
-        bmax = tl.max(tl.reshape(s, (PPI, BS)), axis=1) * k_scale
-        pb = first_page + i + tl.arange(0, PPI)
-        tl.store(score_ptr + r.to(tl.int64) * stride_sr + pb, bmax, mask=(pb <= last_blk) & (pb < end))
-    _gdc_launch_dependents(PDL)
-    if FUSE:
-        _fused_select(
-            cnt_ptr,
-            r,
-            score_ptr,
-            out_ptr,
-            row_pos_ptr,
-            R,
-            stride_sr,
-            0,
-            stride_or,
-            0,
-            1,
-            BS,
-            1,
-            1,
             TOPK,
             LOCAL,
             CHUNK,
@@ -626,9 +535,7 @@ def msa_topk(
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
-    row_kernel = H == 1 and block_r == 1 and ((k_fp8 and _SCORE_FP8_ROW) or _SCORE_ROW_FMA)
-    slots, most, ppi = _SCORE_GRID["row" if row_kernel else "tile"]
-    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * slots, most)
+    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * _SCORE_SLOTS, _SCORE_MOST_PAGES)
     k2 = triton.next_power_of_2(topk)
     chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     num_chunks = -(-max_pages // chunk)
@@ -638,68 +545,40 @@ def msa_topk(
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
     sel = dict(FUSE=fuse, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
-    if row_kernel:
-        _block_score_row_kernel[(R, -(-max_pages // pages))](
-            index_q,
-            index_k_cache,
-            page_table,
-            row_req,
-            row_pos,
-            scores,
-            out,
-            cnt,
-            float(k_scale),
-            R,
-            pages,
-            index_q.stride(0),
-            index_k_cache.stride(0),
-            page_table.stride(0),
-            scores.stride(0),
-            out.stride(0),
-            D=D,
-            BS=block_size,
-            PPI=ppi,
-            **sel,
-            num_warps=_SCORE_WARPS,
-            num_stages=_SCORE_STAGES,
-            **launch,
-        )
-    else:
-        _block_score_kernel[(n_tiles, -(-max_pages // pages))](
-            index_q,
-            index_k_cache,
-            page_table,
-            row_req,
-            row_pos,
-            scores,
-            out,
-            cnt,
-            float(k_scale),
-            R,
-            pages,
-            index_q.stride(0),
-            index_q.stride(1),
-            index_k_cache.stride(0),
-            page_table.stride(0),
-            scores.stride(0),
-            scores.stride(1),
-            out.stride(0),
-            out.stride(1),
-            H=H,
-            D=D,
-            BS=block_size,
-            BLOCK_R=block_r,
-            BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-            PPI=ppi,
-            Q_FP32=index_q.dtype == torch.float32,
-            K_FP8=k_fp8,
-            PRELOAD=triton.next_power_of_2(most) if _SCORE_PRELOAD and ppi == 1 else 0,
-            SEL_M=sel_m,
-            **sel,
-            num_warps=_SCORE_WARPS,
-            num_stages=_SCORE_STAGES,
-            **launch,
-        )
+    _block_score_kernel[(n_tiles, -(-max_pages // pages))](
+        index_q,
+        index_k_cache,
+        page_table,
+        row_req,
+        row_pos,
+        scores,
+        out,
+        cnt,
+        float(k_scale),
+        R,
+        pages,
+        index_q.stride(0),
+        index_q.stride(1),
+        index_k_cache.stride(0),
+        page_table.stride(0),
+        scores.stride(0),
+        scores.stride(1),
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        D=D,
+        BS=block_size,
+        BLOCK_R=block_r,
+        BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
+        MOST=triton.next_power_of_2(_SCORE_MOST_PAGES),
+        Q_FP32=index_q.dtype == torch.float32,
+        K_FP8=k_fp8,
+        SEL_M=sel_m,
+        **sel,
+        num_warps=_SCORE_WARPS,
+        num_stages=_SCORE_STAGES[k_fp8],
+        **launch,
+    )
     if fuse:
         return out
     _topk_select_kernel[(R, H)](

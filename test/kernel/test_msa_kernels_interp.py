@@ -44,29 +44,14 @@ def test_topk_order_with_ties():
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_topk_single_row_fma_path(monkeypatch, fp8):
-    import sglang_m3_kernels.msa_index_topk as mt
-
-    monkeypatch.setattr(mt, "_SCORE_ROW_FMA", True)  # FP8 caches take this path anyway
-    g, pt, rr, rp = _batch(3)
-    rr, rp = rr[[0, 1, 10]], rp[[0, 1, 10]]  # one row per request: decode
-    iq = torch.randn(3, 1, D, generator=g).to(DEV)
-    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
-    cache = kq.fp8_quantize_ref(ik, 0.5) if fp8 else ik
-    view = kq.fp8_dequantize_ref(cache, 0.5) if fp8 else ik
-    got = msa_topk(iq, cache, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, k_scale=0.5 if fp8 else 1.0)
-    assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
-
-
-@pytest.mark.parametrize("fp8", [False, True])
 def test_topk_long_score_programs(monkeypatch, fp8):
-    """With one SM, each score program walks a whole row (12 pages; FP8 decode rows two pages per step)."""
+    """With one SM, each score program walks a whole row (up to 12 pages, ids loaded up front)."""
     import sglang_m3_kernels.msa_index_topk as mt
 
     monkeypatch.setattr(mt, "sm_count", lambda device: 1)
     g, pt, rr, rp = _batch(4)
     if fp8:
-        rr, rp = rr[[0, 1, 5, 10]], rp[[0, 1, 5, 10]]  # one row per request: the FMA row kernel
+        rr, rp = rr[[0, 1, 5, 10]], rp[[0, 1, 5, 10]]  # one row per request: one-row tiles
     iq = torch.randn(len(rr), 1, D, generator=g).to(DEV)
     ik = torch.randn(64 * BS, D, generator=g).to(DEV)
     cache = kq.fp8_quantize_ref(ik, 0.5) if fp8 else ik
@@ -75,15 +60,13 @@ def test_topk_long_score_programs(monkeypatch, fp8):
     assert torch.equal(got, msa_topk_ref(iq, view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
-@pytest.mark.parametrize("preload", [False, True])
+@pytest.mark.parametrize("decode", [False, True])
 @pytest.mark.parametrize("heads", [1, 2])
-def test_topk_fp8_tile_kernel(monkeypatch, preload, heads):
-    """FP8 index-K and bf16 q through the tile kernel (one-row tiles too), page ids loaded per page or up front."""
-    import sglang_m3_kernels.msa_index_topk as mt
-
-    monkeypatch.setattr(mt, "_SCORE_FP8_ROW", False)
-    monkeypatch.setattr(mt, "_SCORE_PRELOAD", preload)
+def test_topk_fp8_bf16_q(decode, heads):
+    """FP8 index-K with bf16 q: fp16 tensor-core dots; decode = one row per request (one-row tiles)."""
     g, pt, rr, rp = _batch(5)
+    if decode:
+        rr, rp = rr[[0, 1, 5, 10]], rp[[0, 1, 5, 10]]
     iq = torch.randn(len(rr), heads, D, generator=g).to(torch.bfloat16).to(DEV)
     cache = kq.fp8_quantize_ref(torch.randn(64 * BS, D, generator=g).to(DEV), 0.5)
     view = kq.fp8_dequantize_ref(cache, 0.5)
