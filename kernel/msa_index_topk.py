@@ -544,7 +544,7 @@ def msa_topk(
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
-    sel = dict(FUSE=fuse, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
+    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)  # both launches
     _block_score_kernel[(n_tiles, -(-max_pages // pages))](
         index_q,
         index_k_cache,
@@ -567,13 +567,13 @@ def msa_topk(
         out.stride(1),
         H=H,
         D=D,
-        BS=block_size,
         BLOCK_R=block_r,
         BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
         MOST=triton.next_power_of_2(_SCORE_MOST_PAGES),
         Q_FP32=index_q.dtype == torch.float32,
         K_FP8=k_fp8,
         SEL_M=sel_m,
+        FUSE=fuse,
         **sel,
         num_warps=_SCORE_WARPS,
         num_stages=_SCORE_STAGES[k_fp8],
@@ -589,13 +589,8 @@ def msa_topk(
         scores.stride(1),
         out.stride(0),
         out.stride(1),
-        BS=block_size,
-        TOPK=topk,
-        LOCAL=local_blocks,
-        CHUNK=chunk,
         NUM_CHUNKS=num_chunks,
-        K2=k2,
-        PDL=pdl,
+        **sel,
         num_warps=max(1, min(8, chunk // 512)),
         **launch,
     )
