@@ -63,6 +63,12 @@ def make_cache(kind, slots, heads, dim, g):
     return (data, 0.25, scales), kq.nvfp4_dequantize_ref(data, scales, 0.25)
 
 
+def make_index_k(kind, slots, g):
+    """Index-K cache ``[slots, 128]`` of one of bf16/fp8/fp32: (cache, k_scale, dequantised fp32 view)."""
+    (cache, scale, _), view = make_cache(kind, slots, 1, 128, g)  # fp8: power-of-two scale, exact dequant
+    return cache[:, 0], scale, view[:, 0]
+
+
 CASES = {
     # name: (lens, block, topk, kv_heads, group, verify, prefill)
     "tp4_decode_verify": ([300, 2100, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (1, 3, 4), ()),
@@ -88,13 +94,7 @@ def test_topk_matches_reference(case, kdtype):
     g = torch.Generator(device=DEV).manual_seed(hash((case, kdtype)) % 2**31)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=len(kdtype))
     iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g)
-    ik = torch.randn(slots, 128, device=DEV, generator=g)
-    if kdtype == "fp8":
-        cache, ks = kq.fp8_quantize_ref(ik, 0.5), 0.5  # power-of-two scale: dequant is exact
-        view = kq.fp8_dequantize_ref(cache, ks)
-    else:
-        cache, ks = ik.to(torch.bfloat16 if kdtype == "bf16" else torch.float32), 1.0
-        view = cache.float()
+    cache, ks, view = make_index_k(kdtype, slots, g)
     got = msa_topk(iq, cache, pt, rr, rp, block_size=block, topk=topk, local_blocks=1, k_scale=ks)
     ref = msa_topk_ref(iq, view, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
     assert got.shape == ref.shape and got.dtype == torch.int32
@@ -244,13 +244,7 @@ def test_topk_bf16_q_matches_reference(monkeypatch, case, stages, kdtype):
     g = torch.Generator(device=DEV).manual_seed(hash((case, stages, kdtype)) % 2**31)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=3)
     iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
-    ik = torch.randn(slots, 128, device=DEV, generator=g)
-    if kdtype == "bf16":
-        cache, ks = ik.to(torch.bfloat16), 1.0
-        view = cache.float()
-    else:
-        cache, ks = kq.fp8_quantize_ref(ik, 0.5), 0.5
-        view = kq.fp8_dequantize_ref(cache, ks)
+    cache, ks, view = make_index_k(kdtype, slots, g)
     got = msa_topk(iq, cache, pt, rr, rp, block_size=block, topk=topk, local_blocks=1, k_scale=ks)
     ref = msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
     assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
