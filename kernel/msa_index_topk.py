@@ -169,9 +169,9 @@ from .paged import counters, sm_count  # noqa: E402
 # per (row tile, chunk). `pages` (at most _SCORE_MOST_PAGES) minimises waves x (pages + 1), a
 # wave being SM count x _SCORE_SLOTS resident programs (+1: a program's start-up costs about
 # one page), so the programs come in whole waves; 4 programs fit an SM (90-114 registers,
-# 37 KB of shared memory, compiled for sm_90). H200, run 10 (benchmarks/NOTES.md): against the earlier rule
-# (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16 batch 8 x 128K indexer
-# went 84 -> 81 us. A program loads its chunk's page ids once, before its loop, so the loads
+# 37 KB of shared memory, compiled for sm_90). H200, run 10 (benchmarks/NOTES.md): against
+# the earlier rule (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16
+# batch 8 x 128K indexer went 84 -> 81 us. A program loads its chunk's page ids once, before its loop, so the loads
 # of its index-K pages depend on no other load and Triton's pipeliner can keep num_stages - 1
 # of them in flight. Stages (bf16/fp32, FP8 index-K): one page in flight per program (2) was
 # best for bf16 (its 32 KB pages fill the SM's memory pipe with 4 programs; 3-5 stages lost
