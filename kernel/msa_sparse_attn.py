@@ -114,6 +114,8 @@ _NVFP4_ASM = True  # NVFP4 decode through inline PTX (D = 128, 8-byte-aligned sc
 # warps per attention program by KV mode (0 plain, 1 FP8, 2 NVFP4): 8 was as fast or faster
 # than 4 for all three at batch 1/8/64 on the H200 (benchmarks/runs/run6_sweep.log)
 _WARPS = {0: 8, 1: 8, 2: 8}
+# software-pipeline stages of the page loop by KV mode (Triton's default on sm_90 is 3); sweep knob
+_STAGES = {0: 3, 1: 3, 2: 3}
 # Merge the split-K partials in the last split's program instead of a second launch. Off:
 # the last program reads the NS partials one L2 round trip after another, which cost ~3 us
 # more than the merge launch at batch 1-8 (run6); kept as a sweep knob.
@@ -672,6 +674,7 @@ def msa_attention(
         FUSE_MERGE=fuse,
         PDL=pdl,
         num_warps=8 if f32 else _WARPS[mode],
+        num_stages=_STAGES[mode],
         **launch,
     )
     if ns > 1 and not fuse:
