@@ -114,15 +114,20 @@ _NVFP4_ASM = True  # NVFP4 decode through inline PTX (D = 128, 8-byte-aligned sc
 # warps per attention program by KV mode (0 plain, 1 FP8, 2 NVFP4): 8 was as fast or faster
 # than 4 for all three at batch 1/8/64 on the H200 (benchmarks/runs/run6_sweep.log)
 _WARPS = {0: 8, 1: 8, 2: 8}
-# software-pipeline stages of the page loop by KV mode (Triton's default on sm_90 is 3); sweep knob
-_STAGES = {0: 3, 1: 3, 2: 3}
+# software-pipeline stages of the page loop by KV mode (sweep knob). H200, run 16
+# (benchmarks/NOTES.md): bf16 and FP8 2 (one page in flight while one is used), NVFP4 1 (its
+# decoded tiles already take 69 KB of shared memory; a second buffer costs programs per SM)
+_STAGES = {0: 2, 1: 2, 2: 1}
+# register cap per thread by KV mode (None: the compiler's choice); sweep knob
+_MAXNREG = {0: None, 1: None, 2: None}
 # Merge the split-K partials in the last split's program instead of a second launch. Off:
 # the last program reads the NS partials one L2 round trip after another, which cost ~3 us
 # more than the merge launch at batch 1-8 (run6); kept as a sweep knob.
 _FUSE_MERGE = False
 # Split-K: add splits (powers of two, up to the selected pages) until the grid holds this
-# many programs per SM. Sweep knob.
-_SPLIT_PROGRAMS_PER_SM = 2
+# many programs per SM. Sweep knob: 1 beat 0.5 and 2 for every KV kind at batch 64 and for
+# verify rows at batch 8 (run 16: FP8 b64 29.9 -> 27.0 us, NVFP4 verify 26.3 -> 20.3).
+_SPLIT_PROGRAMS_PER_SM = 1
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # programmatic dependent launch: on by default on sm_90+ (SGLANG_M3_PDL=0 turns it off)
 _PDL = os.environ.get("SGLANG_M3_PDL", "1") != "0"
@@ -626,6 +631,7 @@ def msa_attention(
     k_mult = k_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     v_mult = v_scale * (_NVFP4_UNIT if mode == 2 else 1.0) if mode else 1.0
     launch = dict(launch_pdl=True) if pdl else {}
+    regs = {} if f32 or _MAXNREG[mode] is None else dict(maxnreg=_MAXNREG[mode])
     _msa_attn_kernel[(R, hkv, ns)](
         q,
         k_cache,
@@ -675,6 +681,7 @@ def msa_attention(
         PDL=pdl,
         num_warps=8 if f32 else _WARPS[mode],
         num_stages=_STAGES[mode],
+        **regs,
         **launch,
     )
     if ns > 1 and not fuse:
