@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sweep_fusion import BLOCK, ITERS, LOCAL, SCALE, TOPK, Problem, kvq, ma, msa_attention, msa_topk, time_graph  # noqa: E402
+from sweep_fusion import BLOCK, ITERS, LOCAL, SCALE, TOPK, Problem, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
 from sweep_grid import line  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -104,5 +104,55 @@ def settle_probe():
     run("no idle", 3)
 
 
+def graphs_probe():
+    """Run 18: even after 200 warm-up executions, the first CUDA graphs timed on a fresh case ran
+    slow. Per capture: the address of msa_topk's score buffer (allocated inside the capture,
+    from the graph's private pool), the time; then the same with that buffer allocated once
+    outside any capture; then eager launches timed with events."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    fixed = {}
+
+    class Torch:  # msa_topk's module-level torch, logging (or pinning) its float32 score buffer
+        pin = False
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def empty(self, shape, **kw):
+            if kw.get("dtype") is torch.float32 and len(shape) == 3:
+                if self.pin:
+                    buf = fixed.setdefault(tuple(shape), torch.empty(shape, **kw))
+                else:
+                    buf = torch.empty(shape, **kw)
+                print(f"    scores at {buf.data_ptr():#x} (capturing: {torch.cuda.is_current_stream_capturing()})")
+                return buf
+            return torch.empty(shape, **kw)
+
+    proxy = Torch()
+    mt.torch = proxy
+    for pin in (False, True, False):
+        proxy.pin = pin
+        p = Problem(kvq, "fp8", 64, 131072)
+        fn = indexer(p)
+        for i in range(4):
+            t = time_graph(fn, ITERS, flush)
+            print(f"{'pinned' if pin else 'in-graph'} scores, graph #{i}: {t:8.2f} us", flush=True)
+        del p
+        torch.cuda.empty_cache()
+    mt.torch = torch
+    p = Problem(kvq, "fp8", 64, 131072)
+    fn = indexer(p)
+    times = []
+    for _ in range(40):
+        flush.add_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(round(a.elapsed_time(b) * 1e3, 1))
+    print("eager, fresh case, 40 launches (us):", times, flush=True)
+
+
 if __name__ == "__main__":
-    settle_probe() if "--settle" in sys.argv else attention_sweep()
+    {"--settle": settle_probe, "--graphs": graphs_probe}.get(sys.argv[-1], attention_sweep)()

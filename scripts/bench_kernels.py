@@ -177,12 +177,11 @@ def full_path(p, ours, mode):
 
 
 def warm_up(p, ours, n):
-    """Run the decode path ``n`` times on a fresh case before anything is timed.
-
-    H200, run 17 (benchmarks/NOTES.md): on a freshly written case the first ~30 executions of
-    the FP8 batch-64 x 128K indexer ran 11 % slower (298 vs 267 us), then never again, idle
-    spells of 1-3 s included; a 1 s sleep after set-up (this harness until then) did not help.
-    A serving pool is written once and read for hours: time the steady state.
+    """Run the decode path ``n`` times on a fresh case before anything is timed: the steady
+    state of a pool that is written once and read for hours (this replaced a 1 s sleep after
+    set-up, which run 17 showed did nothing). It did not remove the slow first timings of the
+    FP8 batch-64 x 128K case (run 18): those were CUDA-graph replays, slower than eager
+    launches of the same kernel (run 19; see ``paged.max_shared_carveout``).
     """
     full = full_path(p, ours, "decode")
     for _ in range(n):
