@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-from bench_kernels import BLOCK, LOCAL, SCALE, TOPK, Problem, _kernels  # noqa: E402
+from bench_kernels import BLOCK, LOCAL, SCALE, TOPK, Problem, _kernels, full_path  # noqa: E402
 from bench_kernels import time_graph as _time_graph  # noqa: E402
 
 kvq, msa_topk, msa_attention = _kernels()
@@ -48,16 +48,7 @@ def knobs(fuse_rows=32, merge=True, pdl=True, asm=True, warps=(4, 4, 4)):
 
 
 def run_path(p, mode, flush):
-    req, pos, iq, q = p.rows[mode]
-    ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
-
-    def full():
-        sel = msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
-        return msa_attention(
-            q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK, scale=SCALE, **ks
-        )
-
-    return time_graph(full, ITERS, flush)
+    return time_graph(full_path(p, (kvq, msa_topk, msa_attention), mode), ITERS, flush)
 
 
 def run_attention(p, flush):
