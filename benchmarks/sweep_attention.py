@@ -10,6 +10,8 @@ median of 10):
 * ``--settle``: the FP8 index-K indexer at batch 64 x 128K, timed again and again after
   idle spells and busy spells; prints wall-clock stamps to line up with a clock log. (Run
   16's ``--alloc`` timed it on the index-K caches of an fp8 and an NVFP4 case, then on copies.)
+* ``--graphs``: the same indexer, four CUDA-graph captures per fresh case (score buffer inside
+  each capture's pool, or allocated once outside), then 40 eager launches timed with events.
 """
 
 from __future__ import annotations

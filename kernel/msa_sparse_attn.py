@@ -118,7 +118,8 @@ _WARPS = {0: 8, 1: 8, 2: 8}
 # (benchmarks/NOTES.md): bf16 and FP8 2 (one page in flight while one is used), NVFP4 1 (its
 # decoded tiles already take 69 KB of shared memory; a second buffer costs programs per SM)
 _STAGES = {0: 2, 1: 2, 2: 1}
-# register cap per thread by KV mode (None: the compiler's choice); sweep knob
+# register cap per thread by KV mode (None: the compiler's choice); sweep knob. A cap of 80
+# (3 FP8 programs per SM instead of 2) gained nothing in run 16
 _MAXNREG = {0: None, 1: None, 2: None}
 # Merge the split-K partials in the last split's program instead of a second launch. Off:
 # the last program reads the NS partials one L2 round trip after another, which cost ~3 us
