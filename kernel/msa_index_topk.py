@@ -171,9 +171,9 @@ from .paged import counters, sm_count  # noqa: E402
 # one page), so the programs come in whole waves; 4 programs fit an SM (90-114 registers,
 # 37 KB of shared memory, compiled for sm_90). H200, run 10 (benchmarks/NOTES.md): against
 # the earlier rule (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16
-# batch 8 x 128K indexer went 84 -> 81 us. A program loads its chunk's page ids once, before its loop, so the loads
-# of its index-K pages depend on no other load and Triton's pipeliner can keep num_stages - 1
-# of them in flight. Stages (bf16/fp32, FP8 index-K): one page in flight per program (2) was
+# batch 8 x 128K indexer went 84 -> 81 us. A program loads its chunk's page ids once, before
+# its loop, so the loads of its index-K pages depend on no other load and Triton's pipeliner
+# can keep num_stages - 1 of them in flight. Stages (bf16/fp32, FP8 index-K): one page in flight per program (2) was
 # best for bf16 (its 32 KB pages fill the SM's memory pipe with 4 programs; 3-5 stages lost
 # 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x 128K 294 -> 263 us, batch
 # 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel used for FP8 decode rows
