@@ -23,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sweep_fusion import BLOCK, ITERS, LOCAL, SCALE, TOPK, Problem, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
+from sweep_fusion import ITERS, Problem, attend, index_path, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
 from sweep_grid import line  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -45,15 +45,11 @@ def attention_sweep():
     for dtype in ("bf16", "fp8", "nvfp4"):
         for batch in (8, 64):
             p = Problem(kvq, dtype, batch, 32768)
-            ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
             for mode in ("decode", "verify") if batch == 8 else ("decode",):
-                req, pos, iq, q = p.rows[mode]
-                ids = msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
+                ids = index_path(p, msa_topk, mode)()
 
-                def att(p=p, req=req, pos=pos, q=q, ids=ids, ks=ks):
-                    return msa_attention(
-                        q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
-                    )
+                def att(p=p, mode=mode, ids=ids):
+                    return attend(p, msa_attention, mode, ids)
 
                 set_knobs()
                 ref = att().float()

@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-from bench_kernels import BLOCK, LOCAL, SCALE, TOPK, Problem, _kernels, full_path  # noqa: E402
+from bench_kernels import Problem, _kernels, attend, full_path, index_path  # noqa: E402
 from bench_kernels import time_graph as _time_graph  # noqa: E402
 
 kvq, msa_topk, msa_attention = _kernels()
@@ -52,16 +52,8 @@ def run_path(p, mode, flush):
 
 
 def run_attention(p, flush):
-    req, pos, iq, q = p.rows["decode"]
-    ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
-    ids = msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
-    return time_graph(
-        lambda: msa_attention(
-            q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
-        ),
-        ITERS,
-        flush,
-    )
+    ids = index_path(p, msa_topk, "decode")()
+    return time_graph(lambda: attend(p, msa_attention, "decode", ids), ITERS, flush)
 
 
 def main():

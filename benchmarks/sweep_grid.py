@@ -18,7 +18,7 @@ import torch
 
 _root = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
-from bench_kernels import BLOCK, SCALE  # noqa: E402
+from bench_kernels import attend  # noqa: E402
 from sweep_fusion import ITERS, Problem, kvq, ma, mt, run_path, time_graph  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -125,12 +125,7 @@ def probe():
     indexer(p)()
     for dtype in ("fp8", "nvfp4"):
         p = Problem(kvq, dtype, 1, 32768)
-        req, pos, iq, q = p.rows["decode"]
-        ids = indexer(p)()
-        ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
-        ma.msa_attention(
-            q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
-        )
+        attend(p, ma.msa_attention, "decode", indexer(p)())
     torch.cuda.synchronize()
 
 

@@ -12,7 +12,7 @@ import torch
 
 _root = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
-from bench_kernels import BLOCK, LOCAL, TOPK  # noqa: E402
+from bench_kernels import index_path  # noqa: E402
 from sweep_fusion import ITERS, Problem, knobs, kvq, msa_topk, run_path, time_graph  # noqa: E402
 
 VARIANTS = {
@@ -24,8 +24,7 @@ VARIANTS = {
 
 
 def indexer(p):
-    req, pos, iq, _ = p.rows["decode"]
-    return lambda: msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
+    return index_path(p, msa_topk, "decode")
 
 
 def main():

@@ -161,19 +161,26 @@ def _time(run, iters, flush):
     return statistics.median(times)
 
 
+def index_path(p, msa_topk, mode):
+    """Our top-k selection for ``mode`` rows of ``p``, as a zero-argument callable."""
+    req, pos, iq, _ = p.rows[mode]
+    return lambda: msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
+
+
+def attend(p, msa_attention, mode, block_ids):
+    """Our sparse attention of ``mode`` rows of ``p`` over ``block_ids``."""
+    req, pos, _, q = p.rows[mode]
+    k, v = p.kv["k"], p.kv["v"]
+    return msa_attention(
+        q, k[0], v[0], p.page_table, req, pos, block_ids, block_size=BLOCK, scale=SCALE, k_scales=k[1], v_scales=v[1]
+    )
+
+
 def full_path(p, ours, mode):
     """Our whole path for ``mode`` rows of ``p``: top-k selection, then sparse attention."""
     _, msa_topk, msa_attention = ours
-    req, pos, iq, q = p.rows[mode]
-    ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
-
-    def full():
-        sel = msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
-        return msa_attention(
-            q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, sel, block_size=BLOCK, scale=SCALE, **ks
-        )
-
-    return full
+    select = index_path(p, msa_topk, mode)
+    return lambda: attend(p, msa_attention, mode, select())
 
 
 def warm_up(p, ours, n):
@@ -190,8 +197,7 @@ def warm_up(p, ours, n):
 
 
 def bench_case(p, ours, up, iters, flush, up_verify=True, time_ours=True):
-    kvq, msa_topk, msa_attention = ours
-    ks = dict(k_scales=p.kv["k"][1], v_scales=p.kv["v"][1])
+    _, msa_topk, msa_attention = ours
     recs = []
 
     def rec(kernel, rows_per_req, ours_us, up_us, note=""):
@@ -218,17 +224,12 @@ def bench_case(p, ours, up, iters, flush, up_verify=True, time_ours=True):
         )
 
     for mode in ("decode", "verify"):
-        req, pos, iq, q = p.rows[mode]
-
-        def indexer():
-            return msa_topk(iq, p.idx_k, p.page_table, req, pos, block_size=BLOCK, topk=TOPK, local_blocks=LOCAL)
-
+        _, _, iq, q = p.rows[mode]
+        indexer = index_path(p, msa_topk, mode)
         ids = indexer()
 
-        def attention():
-            return msa_attention(
-                q, p.kv["k"][0], p.kv["v"][0], p.page_table, req, pos, ids, block_size=BLOCK, scale=SCALE, **ks
-            )
+        def attention(mode=mode, ids=ids):
+            return attend(p, msa_attention, mode, ids)
 
         full = full_path(p, ours, mode)
         t_full = time_graph(full, iters, flush) if time_ours else None
