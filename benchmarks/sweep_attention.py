@@ -7,6 +7,8 @@ median of 10):
   KV at batch 8 (decode and verify rows) and 64 (decode), 32K context, over warps per
   program x pipeline stages x register cap x split-K programs per SM; each variant's output is compared
   with the default's (max abs difference printed).
+* ``--merge``: the split merge fused into the attention up to 0 / 4 / any number of splits;
+  attention alone and the whole decode (or verify), bf16 / FP8 / NVFP4 at 32K, batch 1 / 8 / 64.
 * ``--settle``: the FP8 index-K indexer at batch 64 x 128K, timed again and again after
   idle spells and busy spells; prints wall-clock stamps to line up with a clock log. (Run
   16's ``--alloc`` timed it on the index-K caches of an fp8 and an NVFP4 case, then on copies.)
@@ -23,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sweep_fusion import ITERS, Problem, attend, index_path, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
+from sweep_fusion import ITERS, Problem, attend, full_path, index_path, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
 from sweep_grid import line  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -66,6 +68,32 @@ def attention_sweep():
             del p
             torch.cuda.empty_cache()
     set_knobs()
+    print("\n".join(["", "== summary =="] + summary))
+
+
+def merge_sweep():
+    """Run 21 (NOTES.md) also timed key tiles smaller than the block at batch 1 / 8 (no gain; removed)."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    ours = (kvq, msa_topk, msa_attention)
+    default = ma._FUSE_MERGE_MAX_SPLITS
+    summary = []
+    for dtype in ("bf16", "fp8", "nvfp4"):
+        for batch, mode in ((1, "decode"), (8, "decode"), (8, "verify"), (64, "decode")):
+            p = Problem(kvq, dtype, batch, 32768)
+            ids = index_path(p, msa_topk, mode)()
+            for rep in range(2):
+                for most in (0, 4, 1 << 20):
+                    ma._FUSE_MERGE_MAX_SPLITS = most
+                    ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
+                    td = time_graph(full_path(p, ours, mode), ITERS, flush)
+                    line(
+                        f"{dtype:5s} b={batch:<3d} {mode:6s} #{rep} fused merge up to {most:<7d} splits"
+                        f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
+                        summary,
+                    )
+            del p
+            torch.cuda.empty_cache()
+    ma._FUSE_MERGE_MAX_SPLITS = default
     print("\n".join(["", "== summary =="] + summary))
 
 
@@ -152,5 +180,24 @@ def graphs_probe():
     print("eager, fresh case, 40 launches (us):", times, flush=True)
 
 
+def graphs_pdl_probe():
+    """Run 24: is programmatic dependent launch what puts a capture in the slow state? Fresh cases
+    of the FP8 indexer at batch 64 x 128K and the bf16 one at batch 8 x 512K (the two cases seen
+    slow), six CUDA-graph captures each, with PDL on and off."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    for dtype, batch, ctx in (("fp8", 64, 131072), ("bf16", 8, 524288)):
+        for pdl in (True, False, True, False):
+            ma._PDL = pdl
+            p = Problem(kvq, dtype, batch, ctx)
+            fn = indexer(p)
+            times = [round(time_graph(fn, ITERS, flush), 1) for _ in range(6)]
+            print(f"{dtype} b={batch} ctx={ctx} pdl {pdl:d}: six captures {times} us", flush=True)
+            del p, fn
+            torch.cuda.empty_cache()
+    ma._PDL = True
+
+
 if __name__ == "__main__":
-    {"--settle": settle_probe, "--graphs": graphs_probe}.get(sys.argv[-1], attention_sweep)()
+    {"--settle": settle_probe, "--graphs": graphs_probe, "--merge": merge_sweep, "--graphs-pdl": graphs_pdl_probe}.get(
+        sys.argv[-1], attention_sweep
+    )()

@@ -41,7 +41,7 @@ def time_graph(fn, iters, flush):
 
 def knobs(fuse_rows=32, merge=True, pdl=True, asm=True, warps=(4, 4, 4)):
     mt._FUSE_SELECT_MAX_ROWS = fuse_rows
-    ma._FUSE_MERGE = merge
+    ma._FUSE_MERGE_MAX_SPLITS = 1 << 20 if merge else 0
     ma._PDL = pdl
     ma._NVFP4_ASM = asm
     ma._WARPS = {0: warps[0], 1: warps[1], 2: warps[2]}

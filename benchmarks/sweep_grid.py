@@ -6,7 +6,9 @@ alone and the full decode with the tensor-core tile kernel at 4 or 8 warps or wi
 select as its own launch. Earlier sweeps of this script (grid rules, the FMA row kernel and
 pages per iteration, since removed): benchmarks/NOTES.md, runs 10 and 13. ``--probe`` runs
 one eager call of each kernel for ``ncu``; ``--fuse`` times verify (batch 8) and batch-1/8
-512K decode with the select fused up to 1024 keys per tile or not; ``--score`` the stages.
+512K decode with the select fused up to 1024 keys per tile or not; ``--score`` the stages;
+``--select`` the in-register top-k as bitonic ``tl.topk`` or rounds of arg-max, beside the
+score kernel without its select.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import torch
 
 _root = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
-from bench_kernels import attend  # noqa: E402
+from bench_kernels import attend, index_path  # noqa: E402
 from sweep_fusion import ITERS, Problem, kvq, ma, mt, run_path, time_graph  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
 DEFAULT_STAGES = dict(mt._SCORE_STAGES)
+DEFAULT_ARGMAX = mt._SELECT_ARGMAX_MIN_KEYS
 VARIANTS = {  # bf16 index-K, tensor-core tile kernel: warps; select fused or its own launch
     "tile,w4": {},
     "tile,w8": dict(warps=8),
@@ -33,7 +36,7 @@ VARIANTS = {  # bf16 index-K, tensor-core tile kernel: warps; select fused or it
 def set_knobs(warps=4, fuse=64, stages=None):
     mt._SCORE_WARPS = warps
     mt._FUSE_SELECT_MAX_ROWS = fuse
-    mt._SCORE_STAGES = dict(DEFAULT_STAGES, **(stages or {}))
+    mt._SCORE_STAGES = {**DEFAULT_STAGES, **(stages or {})}
 
 
 def line(text, out):
@@ -119,6 +122,48 @@ def score_sweep():
     print("\n".join(["", "== summary =="] + summary))
 
 
+class _NoSelect:  # stands in for the select launch: "score only"
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def select_sweep():
+    """Run 22 (NOTES.md) also timed index-K pages loaded by TMA (a host-built tensor descriptor)
+    instead of cp.async, at 2-4 stages: within 1 us of cp.async everywhere (removed)."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    summary = []
+    select_kernel = mt._topk_select_kernel
+    cases = [(b, c, "decode") for b in (1, 8, 64) for c in (32768, 131072)]
+    cases += [(1, 8192, "decode"), (1, 524288, "decode"), (8, 524288, "decode")]
+    cases += [(8, 32768, "verify"), (8, 131072, "verify")]
+    for dtype in ("bf16", "fp8"):
+        for batch, ctx, mode in cases:
+            p = Problem(kvq, dtype, batch, ctx)
+            path = index_path(p, mt.msa_topk, mode)
+            ref = path()
+            for rep in range(2):
+                for argmax in (False, True):
+                    mt._SELECT_ARGMAX_MIN_KEYS = 0 if argmax else 1 << 30
+                    err = (path() != ref).sum().item()
+                    ti = time_graph(path, ITERS, flush)
+                    t = run_path(p, mode, flush)
+                    line(
+                        f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} {mode} #{rep} argmax {argmax:d} indexer {ti:7.2f} us"
+                        f"  {mode} {t:8.2f} us  ids differ {err}",
+                        summary,
+                    )
+            mt._SELECT_ARGMAX_MIN_KEYS = DEFAULT_ARGMAX
+            set_knobs(fuse=0)
+            mt._topk_select_kernel = _NoSelect()
+            ts = time_graph(path, ITERS, flush)
+            mt._topk_select_kernel = select_kernel
+            set_knobs()
+            line(f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} {mode} score only {ts:8.2f} us", summary)
+            del p
+            torch.cuda.empty_cache()
+    print("\n".join(["", "== summary =="] + summary))
+
+
 def probe():
     """One eager call each, for ``ncu``: the bf16 indexer at batch 8 x 32K, FP8 / NVFP4 attention at batch 1 x 32K."""
     p = Problem(kvq, "bf16", 8, 32768)
@@ -130,4 +175,4 @@ def probe():
 
 
 if __name__ == "__main__":
-    {"--probe": probe, "--fuse": fuse_sweep, "--score": score_sweep}.get(sys.argv[-1], main)()
+    {"--probe": probe, "--fuse": fuse_sweep, "--score": score_sweep, "--select": select_sweep}.get(sys.argv[-1], main)()

@@ -149,7 +149,8 @@ def msa_topk_shared_ref(
 # 2. Selection: force the local blocks to +inf and extract the top-k under the total order
 #    (score desc, block asc), so the result equals ``msa_topk_ref`` slot for slot;
 #    exhausted slots (-inf) are -1. Rows of up to 4096 blocks (512K tokens at block 128)
-#    take one in-register bitonic top-k on packed (score, block) int64 keys.
+#    take one in-register top-k on packed (score, block) int64 keys (bitonic, or rounds of
+#    arg-max for the longest rows).
 #    * fused (<= 64 rows and <= 1024 (row, head, block) keys per tile: decode up to 128K,
 #      verify tiles of 4 rows up to 32K): every score program takes a ticket on
 #      its tile's counter after writing its block maxima; the program that draws the last
@@ -189,6 +190,12 @@ _SCORE_WARPS = 4  # warps per score program (sweep knob)
 # vs 338 us) and lost for verify tiles of 4 rows x 1024 blocks (+30 us at 128K: 4096 int64
 # keys spill from 4 warps' registers). Sweep knobs.
 _FUSE_SELECT_MAX_ROWS = 64
+# In-register top-k of rows of at least this many keys as TOPK rounds of (row max, knock it
+# out) instead of Triton's bitonic tl.topk, whose merge passes exchange every key across
+# threads. H200, run 23 (benchmarks/NOTES.md): at 4096 keys (512K tokens, the select launch)
+# the rounds won 3-16 us (FP8 batch 8 decode 172.9 -> 155.6 us); at 64-1024 keys they lost up
+# to 3 us (each round is a block-wide reduction, ~0.2 us). Sweep knob.
+_SELECT_ARGMAX_MIN_KEYS = 2048
 _FUSE_SELECT_MAX_KEYS = 1024
 
 
@@ -209,11 +216,13 @@ def _select_rows(
     LOCAL: tl.constexpr,
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
+    ARGMAX: tl.constexpr,
 ):
     """Top-k of ``M`` (row, head) score rows at once (``row``/``head``/``pos``/``ok``: ``[M]``).
 
     key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys are
-    (score desc, block asc), exactly the reference order. Absent blocks get -1.
+    (score desc, block asc), exactly the reference order, and distinct. Absent blocks get -1.
+    ARGMAX: TOPK rounds of (row max, knock it out) instead of the bitonic ``tl.topk``.
     """
     b = tl.arange(0, CHUNK)[None, :]
     q_blk = (pos // BS)[:, None]
@@ -231,11 +240,19 @@ def _select_rows(
     # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
     ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
     key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
-    top = tl.topk(key, K2)  # [M, K2], descending
+    t = tl.arange(0, K2)[None, :]
+    if ARGMAX:
+        best = tl.max(key, axis=1)[:, None]
+        top = tl.where(t == 0, best, -1)
+        for i in tl.static_range(1, TOPK):
+            key = tl.where(key == best, -1, key)  # keys are distinct: knocks out exactly one
+            best = tl.max(key, axis=1)[:, None]
+            top = tl.where(t == i, best, top)
+    else:
+        top = tl.topk(key, K2)  # [M, K2], descending
     blk = 2147483647 - (top & 2147483647)
     # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
     blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
-    t = tl.arange(0, K2)[None, :]
     tl.store(out_ptr + r64 * stride_or + head[:, None] * stride_oh + t, blk.to(tl.int32), mask=ok[:, None] & (t < TOPK))
 
 
@@ -259,6 +276,7 @@ def _fused_select(
     LOCAL: tl.constexpr,
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
+    ARGMAX: tl.constexpr,
 ):
     """Called by every score program of ``tile`` once its maxima are stored; the last one selects."""
     tl.debug_barrier()  # every thread's score stores precede the release below
@@ -284,6 +302,7 @@ def _fused_select(
             LOCAL,
             CHUNK,
             K2,
+            ARGMAX,
         )
         tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
@@ -324,6 +343,7 @@ def _block_score_kernel(
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
     PDL: tl.constexpr,
+    ARGMAX: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_page = tl.program_id(1) * pages
@@ -392,6 +412,7 @@ def _block_score_kernel(
             LOCAL,
             CHUNK,
             K2,
+            ARGMAX,
         )
 
 
@@ -411,6 +432,7 @@ def _topk_select_kernel(
     NUM_CHUNKS: tl.constexpr,
     K2: tl.constexpr,
     PDL: tl.constexpr = False,
+    ARGMAX: tl.constexpr = False,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -424,7 +446,7 @@ def _topk_select_kernel(
     prev_s = float("inf")
     prev_b = -1
     if NUM_CHUNKS == 1:
-        # -- whole row in registers: one bitonic top-k (see _select_rows) ------------------
+        # -- whole row in registers: one top-k (see _select_rows) -------------------------
         one = tl.full([1], 0, tl.int32)
         _select_rows(
             score_ptr,
@@ -442,6 +464,7 @@ def _topk_select_kernel(
             LOCAL,
             CHUNK,
             K2,
+            ARGMAX,
         )
     else:
         # -- long rows: the same sweeps, streaming the row chunk by chunk (L2 resident) --
@@ -544,7 +567,8 @@ def msa_topk(
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
-    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)  # both launches
+    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
+    sel["ARGMAX"] = chunk >= _SELECT_ARGMAX_MIN_KEYS
     _block_score_kernel[(n_tiles, -(-max_pages // pages))](
         index_q,
         index_k_cache,

@@ -91,8 +91,8 @@ def msa_attention_ref(
 #   fp32 q (token-exact runs) keeps fp32 pages and IEEE dots throughout.
 # * Exact token-causal masking on key positions, online softmax in base 2.
 # * With NS > 1 splits, each program writes its (output, log-sum-exp) partial and a merge
-#   launch combines them. Optional (``_FUSE_MERGE``, off by default: slower on the H200):
-#   each program takes a ticket on a per-(row, group) counter and the program that draws
+#   launch combines them; with few splits (``_FUSE_MERGE_MAX_SPLITS``) the kernel merges
+#   them itself instead: each program takes a ticket on a per-(row, group) counter and the program that draws
 #   the last ticket merges the NS partials, then resets the counter to 0 (so the counters
 #   stay zero between launches and the kernel stays CUDA-graph safe).
 # * Programmatic dependent launch (sm_90, ``_PDL``): every kernel waits on
@@ -121,10 +121,14 @@ _STAGES = {0: 2, 1: 2, 2: 1}
 # register cap per thread by KV mode (None: the compiler's choice); sweep knob. A cap of 80
 # (3 FP8 programs per SM instead of 2) gained nothing in run 16
 _MAXNREG = {0: None, 1: None, 2: None}
-# Merge the split-K partials in the last split's program instead of a second launch. Off:
-# the last program reads the NS partials one L2 round trip after another, which cost ~3 us
-# more than the merge launch at batch 1-8 (run6); kept as a sweep knob.
-_FUSE_MERGE = False
+# Merge the split-K partials in the last split's program instead of a second launch when
+# there are at most this many splits (0: never). H200, run 21 (benchmarks/NOTES.md): with 4
+# splits (batch 64 decode) the fused merge saved 1.4-3 us of attention, with 8-16 (verify and
+# decode rows at batch 8, decode at batch 1) it cost 1-4 us. Sweep knob.
+_FUSE_MERGE_MAX_SPLITS = 4
+# The merge launch combines this many split partials at a time (dense rows over a long page
+# table take up to next_pow2(pages) splits; a [NS, DV] fp32 tile of those would spill)
+_MERGE_CHUNK = 32
 # Split-K: add splits (powers of two, up to the selected pages) until the grid holds this
 # many programs per SM. Sweep knob: 1 beat 0.5 and 2 for every KV kind at batch 64 and for
 # verify rows at batch 8 (run 16: FP8 b64 29.9 -> 27.0 us, NVFP4 verify 26.3 -> 20.3).
@@ -498,19 +502,31 @@ def _merge_kernel(
     stride_h,
     NS: tl.constexpr,
     DV: tl.constexpr,
+    CH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.arange(0, NS)
+    lse_row = lse_ptr + r.to(tl.int64) * stride_lr + h
     _gdc_wait(PDL)
-    lse = tl.load(lse_ptr + sp * stride_ls + r.to(tl.int64) * stride_lr + h)  # [NS], base 2
+    lse = tl.load(lse_row + tl.arange(0, NS) * stride_ls)  # [NS], base 2
     mx = tl.max(lse)
-    w = tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)))
-    o = tl.load(
-        o_part_ptr + sp[:, None] * stride_os + r.to(tl.int64) * stride_or + h * stride_oh + tl.arange(0, DV)[None, :]
-    )
-    o = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w), 1e-30)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    wsum = tl.sum(tl.where(lse == float("-inf"), 0.0, tl.math.exp2(lse - mx)))
+    o = tl.zeros((DV,), tl.float32)
+    for c in tl.static_range(NS // CH):  # CH partials at a time: a [NS, DV] tile would spill
+        sp = c * CH + tl.arange(0, CH)
+        ls = tl.load(lse_row + sp * stride_ls)
+        w = tl.where(ls == float("-inf"), 0.0, tl.math.exp2(ls - mx))
+        part = tl.load(
+            o_part_ptr
+            + sp[:, None] * stride_os
+            + r.to(tl.int64) * stride_or
+            + h * stride_oh
+            + tl.arange(0, DV)[None, :]
+        )
+        o += tl.sum(part * w[:, None], axis=0)
+    o = o / tl.maximum(wsum, 1e-30)
     tl.store(
         out_ptr + r.to(tl.int64) * stride_r + h * stride_h + tl.arange(0, DV),
         (o * v_scale).to(out_ptr.dtype.element_ty),
@@ -611,7 +627,7 @@ def msa_attention(
     f32 = q.dtype == torch.float32
     eo = mode == 2 and _NVFP4_EVEN_ODD and not f32
     asm = eo and _NVFP4_ASM and not _INTERPRET and _nvfp4_asm_ok(D, dv, k_scales, v_scales)
-    fuse = ns > 1 and _FUSE_MERGE
+    fuse = 1 < ns <= _FUSE_MERGE_MAX_SPLITS
     pdl = _use_pdl(q.device)
     if ns == 1:
         o_buf, lse = out, out  # final output written directly; lse unused
@@ -697,6 +713,7 @@ def msa_attention(
             out.stride(1),
             NS=ns,
             DV=dv,
+            CH=min(ns, _MERGE_CHUNK),
             PDL=pdl,
             num_warps=4,
             **launch,

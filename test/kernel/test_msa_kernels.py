@@ -297,7 +297,7 @@ def test_fused_merge_and_nvfp4_decode_variants_agree(monkeypatch, kind):
     ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, bids, block_size=block, scale=128**-0.5)
     outs = []
     for fuse, asm, warps in ((False, False, 4), (True, False, 4), (True, True, 4), (True, True, 8)):
-        monkeypatch.setattr(ma, "_FUSE_MERGE", fuse)
+        monkeypatch.setattr(ma, "_FUSE_MERGE_MAX_SPLITS", 1 << 20 if fuse else 0)
         monkeypatch.setattr(ma, "_NVFP4_ASM", asm)
         monkeypatch.setattr(ma, "_WARPS", {0: warps, 1: warps, 2: warps})
         got = msa_attention(q, kc, vc, pt, rr, rp, bids, **kw)

@@ -32,7 +32,12 @@ def _batch(seed):
     return g, pt.to(DEV), rr.to(DEV), rp.to(DEV)
 
 
-def test_topk_order_with_ties():
+@pytest.mark.parametrize("argmax", [False, True])
+def test_topk_order_with_ties(monkeypatch, argmax):
+    """Both in-register selections (bitonic tl.topk, rounds of arg-max) keep the reference order."""
+    import sglang_m3_kernels.msa_index_topk as mt
+
+    monkeypatch.setattr(mt, "_SELECT_ARGMAX_MIN_KEYS", 0 if argmax else 1 << 30)
     g, pt, rr, rp = _batch(1)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
     ik = torch.randn(64 * BS, D, generator=g)
@@ -119,8 +124,37 @@ def test_attention_small(kind):
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("num_chunks", [1, 4])
-def test_select_kernel_chunked_matches_reference(num_chunks):
+@pytest.mark.parametrize("kind", ["fp32", "nvfp4"])
+def test_attention_merge_launch_in_chunks(monkeypatch, kind):
+    """Many splits (forced by a huge SM count), merged by the merge launch 2 partials at a time:
+    dense rows split over the page table's 8 blocks, sparse rows over their 4 slots."""
+    import sglang_m3_kernels.msa_sparse_attn as ma
+
+    monkeypatch.setattr(ma, "sm_count", lambda device: 1 << 20)
+    monkeypatch.setattr(ma, "_FUSE_MERGE_MAX_SPLITS", 0)
+    monkeypatch.setattr(ma, "_MERGE_CHUNK", 2)
+    g, pt, rr, rp = _batch(9)
+    pt = pt[:, :8]
+    keep = rp < 8 * BS
+    rr, rp = rr[keep], rp[keep]
+    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
+    iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
+    bids = msa_topk_ref(iq, k[:, 0], pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1)
+    kw, tol, kc, vc = {}, 1e-5, k, v
+    if kind == "nvfp4":
+        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
+        kw, tol = dict(k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc), 2e-2
+        k, v, q = kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0), q.to(torch.bfloat16)
+    for block_ids in (bids, None):
+        out = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5, **kw)
+        ref = msa_attention_ref(q.float(), k, v, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_chunks,argmax", [(1, False), (1, True), (4, False)])
+def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
     """The select stage alone, also in its streaming form (rows longer than one sort)."""
     import sglang_m3_kernels.msa_index_topk as mt
 
@@ -143,6 +177,7 @@ def test_select_kernel_chunked_matches_reference(num_chunks):
         CHUNK=chunk,
         NUM_CHUNKS=num_chunks,
         K2=TOPK,
+        ARGMAX=argmax,
     )
     for r in range(rows):
         nb = int(pos[r]) // BS + 1
@@ -158,7 +193,7 @@ def test_select_fused_or_not_and_merge_launch(monkeypatch, fuse):
 
     monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20 if fuse else 0)
     monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_KEYS", 1 << 30)
-    monkeypatch.setattr(ma, "_FUSE_MERGE", fuse)
+    monkeypatch.setattr(ma, "_FUSE_MERGE_MAX_SPLITS", 1 << 20 if fuse else 0)
     g, pt, rr, rp = _batch(5)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
     ik = torch.randn(64 * BS, D, generator=g).to(DEV)
