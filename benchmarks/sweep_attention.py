@@ -14,6 +14,10 @@ median of 10):
   16's ``--alloc`` timed it on the index-K caches of an fp8 and an NVFP4 case, then on copies.)
 * ``--graphs``: the same indexer, four CUDA-graph captures per fresh case (score buffer inside
   each capture's pool, or allocated once outside), then 40 eager launches timed with events.
+* ``--graphs-pdl``: six captures per fresh case of that indexer (and of the bf16 batch 8 x 512K
+  one) with programmatic dependent launch on and off, then of the whole decode path (run 25).
+* ``--cold``: one capture of the FP8 batch 64 x 128K decode on a fresh case replayed 400 times,
+  then two more captures: does a cold first capture warm up?
 """
 
 from __future__ import annotations
@@ -24,8 +28,22 @@ import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sweep_fusion import ITERS, Problem, attend, full_path, index_path, kvq, ma, msa_attention, msa_topk, mt, time_graph  # noqa: E402
+_root = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
+from bench_kernels import _time, warm_up  # noqa: E402
+from sweep_fusion import (  # noqa: E402
+    ITERS,
+    Problem,
+    attend,
+    full_path,
+    index_path,
+    kvq,
+    ma,
+    msa_attention,
+    msa_topk,
+    mt,
+    time_graph,
+)
 from sweep_grid import line  # noqa: E402
 from sweep_pdl import indexer  # noqa: E402
 
@@ -181,9 +199,10 @@ def graphs_probe():
 
 
 def graphs_pdl_probe():
-    """Run 24: is programmatic dependent launch what puts a capture in the slow state? Fresh cases
+    """Run 25: is programmatic dependent launch what puts a capture in the slow state? Fresh cases
     of the FP8 indexer at batch 64 x 128K and the bf16 one at batch 8 x 512K (the two cases seen
-    slow), six CUDA-graph captures each, with PDL on and off."""
+    slow), six CUDA-graph captures each, with PDL on and off; then the whole decode path of fresh
+    cases after the bench's warm-up (run 25b ran that part as an inline script)."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     for dtype, batch, ctx in (("fp8", 64, 131072), ("bf16", 8, 524288)):
         for pdl in (True, False, True, False):
@@ -195,9 +214,45 @@ def graphs_pdl_probe():
             del p, fn
             torch.cuda.empty_cache()
     ma._PDL = True
+    ours = (kvq, msa_topk, msa_attention)
+    for dtype, batch, ctx in (("fp8", 64, 131072), ("bf16", 8, 524288), ("fp8", 64, 131072)):
+        p = Problem(kvq, dtype, batch, ctx)
+        warm_up(p, ours, 200)
+        fn = full_path(p, ours, "decode")
+        times = [round(time_graph(fn, ITERS, flush), 1) for _ in range(6)]
+        print(f"{dtype} b={batch} ctx={ctx} decode, 200 eager warm-up, then six captures: {times} us", flush=True)
+        del p, fn
+        torch.cuda.empty_cache()
+
+
+def cold_capture_probe():
+    """Next after run 25: does a cold first capture warm up if it is replayed long enough? Fresh
+    FP8 batch 64 x 128K cases; the decode path captured once and replayed 400 times (L2 flushed
+    before each), the median of every 40 replays printed; then a second and a third capture of
+    the same path, 40 replays each. Twice."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    ours = (kvq, msa_topk, msa_attention)
+    for case in range(2):
+        p = Problem(kvq, "fp8", 64, 131072, seed=case)
+        warm_up(p, ours, 200)
+        fn = full_path(p, ours, "decode")
+        fn()
+        torch.cuda.synchronize()
+        for capture in range(3):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            windows = [round(_time(graph.replay, 40, flush), 1) for _ in range(10 if capture == 0 else 1)]
+            print(f"case {case} capture {capture}: medians of 40 replays {windows} us", flush=True)
+        del p, fn, graph
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    {"--settle": settle_probe, "--graphs": graphs_probe, "--merge": merge_sweep, "--graphs-pdl": graphs_pdl_probe}.get(
-        sys.argv[-1], attention_sweep
-    )()
+    {
+        "--settle": settle_probe,
+        "--graphs": graphs_probe,
+        "--merge": merge_sweep,
+        "--graphs-pdl": graphs_pdl_probe,
+        "--cold": cold_capture_probe,
+    }.get(sys.argv[-1], attention_sweep)()

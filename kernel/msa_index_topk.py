@@ -190,13 +190,13 @@ _SCORE_WARPS = 4  # warps per score program (sweep knob)
 # vs 338 us) and lost for verify tiles of 4 rows x 1024 blocks (+30 us at 128K: 4096 int64
 # keys spill from 4 warps' registers). Sweep knobs.
 _FUSE_SELECT_MAX_ROWS = 64
+_FUSE_SELECT_MAX_KEYS = 1024
 # In-register top-k of rows of at least this many keys as TOPK rounds of (row max, knock it
 # out) instead of Triton's bitonic tl.topk, whose merge passes exchange every key across
 # threads. H200, run 23 (benchmarks/NOTES.md): at 4096 keys (512K tokens, the select launch)
-# the rounds won 3-16 us (FP8 batch 8 decode 172.9 -> 155.6 us); at 64-1024 keys they lost up
-# to 3 us (each round is a block-wide reduction, ~0.2 us). Sweep knob.
+# the rounds took 1.5-3 us off the indexer (bf16 batch 1: 57.1 -> 54.5 us); at 64-1024 keys they
+# lost up to 3 us (each round is a block-wide reduction, ~0.2 us). Sweep knob.
 _SELECT_ARGMAX_MIN_KEYS = 2048
-_FUSE_SELECT_MAX_KEYS = 1024
 
 
 @triton.jit
@@ -567,8 +567,8 @@ def msa_topk(
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
     pdl = _use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
-    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
-    sel["ARGMAX"] = chunk >= _SELECT_ARGMAX_MIN_KEYS
+    argmax = chunk >= _SELECT_ARGMAX_MIN_KEYS
+    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl, ARGMAX=argmax)
     _block_score_kernel[(n_tiles, -(-max_pages // pages))](
         index_q,
         index_k_cache,

@@ -91,10 +91,10 @@ def msa_attention_ref(
 #   fp32 q (token-exact runs) keeps fp32 pages and IEEE dots throughout.
 # * Exact token-causal masking on key positions, online softmax in base 2.
 # * With NS > 1 splits, each program writes its (output, log-sum-exp) partial and a merge
-#   launch combines them; with few splits (``_FUSE_MERGE_MAX_SPLITS``) the kernel merges
-#   them itself instead: each program takes a ticket on a per-(row, group) counter and the program that draws
-#   the last ticket merges the NS partials, then resets the counter to 0 (so the counters
-#   stay zero between launches and the kernel stays CUDA-graph safe).
+#   launch combines them. With few splits (``_FUSE_MERGE_MAX_SPLITS``) the kernel merges
+#   them itself instead: each program takes a ticket on a per-(row, group) counter and the
+#   program that draws the last ticket merges the NS partials, then resets the counter to 0
+#   (so the counters stay zero between launches and the kernel stays CUDA-graph safe).
 # * Programmatic dependent launch (sm_90, ``_PDL``): every kernel waits on
 #   ``griddepcontrol.wait`` before its first global access and signals its dependents
 #   after its main loop, so the next kernel's launch overlaps this one's tail.
@@ -122,9 +122,9 @@ _STAGES = {0: 2, 1: 2, 2: 1}
 # (3 FP8 programs per SM instead of 2) gained nothing in run 16
 _MAXNREG = {0: None, 1: None, 2: None}
 # Merge the split-K partials in the last split's program instead of a second launch when
-# there are at most this many splits (0: never). H200, run 21 (benchmarks/NOTES.md): with 4
-# splits (batch 64 decode) the fused merge saved 1.4-3 us of attention, with 8-16 (verify and
-# decode rows at batch 8, decode at batch 1) it cost 1-4 us. Sweep knob.
+# there are at most this many splits (0: never). H200, runs 21-22 (benchmarks/NOTES.md): with
+# 4 splits (batch 64 decode) the fused merge took 1.1-2.8 us off the attention, with 8-16
+# (verify and decode rows at batch 8, decode at batch 1) it cost 1-7 us. Sweep knob.
 _FUSE_MERGE_MAX_SPLITS = 4
 # The merge launch combines this many split partials at a time (dense rows over a long page
 # table take up to next_pow2(pages) splits; a [NS, DV] fp32 tile of those would spill)
