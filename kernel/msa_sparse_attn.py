@@ -508,6 +508,7 @@ def _merge_kernel(
     r = tl.program_id(0)
     h = tl.program_id(1)
     lse_row = lse_ptr + r.to(tl.int64) * stride_lr + h
+    o_row = o_part_ptr + r.to(tl.int64) * stride_or + h * stride_oh
     _gdc_wait(PDL)
     lse = tl.load(lse_row + tl.arange(0, NS) * stride_ls)  # [NS], base 2
     mx = tl.max(lse)
@@ -518,13 +519,7 @@ def _merge_kernel(
         sp = c * CH + tl.arange(0, CH)
         ls = tl.load(lse_row + sp * stride_ls)
         w = tl.where(ls == float("-inf"), 0.0, tl.math.exp2(ls - mx))
-        part = tl.load(
-            o_part_ptr
-            + sp[:, None] * stride_os
-            + r.to(tl.int64) * stride_or
-            + h * stride_oh
-            + tl.arange(0, DV)[None, :]
-        )
+        part = tl.load(o_row + sp[:, None] * stride_os + tl.arange(0, DV)[None, :])
         o += tl.sum(part * w[:, None], axis=0)
     o = o / tl.maximum(wsum, 1e-30)
     tl.store(
