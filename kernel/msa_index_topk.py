@@ -174,11 +174,12 @@ from .paged import counters, sm_count  # noqa: E402
 # the earlier rule (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16
 # batch 8 x 128K indexer went 84 -> 81 us. A program loads its chunk's page ids once, before
 # its loop, so the loads of its index-K pages depend on no other load and Triton's pipeliner
-# can keep num_stages - 1 of them in flight. Stages (bf16/fp32, FP8 index-K): one page in flight per program (2) was
-# best for bf16 (its 32 KB pages fill the SM's memory pipe with 4 programs; 3-5 stages lost
-# 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x 128K 294 -> 263 us, batch
-# 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel used for FP8 decode rows
-# until then (267-299 us there, 61 at batch 8; slower only at batch 1 x 128K, 17.4 vs 15.9).
+# can keep num_stages - 1 of them in flight. Stages (bf16/fp32, FP8 index-K): one page in
+# flight per program (2) was best for bf16 (its 32 KB pages fill the SM's memory pipe with 4
+# programs; 3-5 stages lost 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x
+# 128K 294 -> 263 us, batch 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel
+# used for FP8 decode rows until then (267-299 us there, 61 at batch 8; slower only at batch
+# 1 x 128K, 17.4 vs 15.9).
 _SCORE_SLOTS = 4
 _SCORE_MOST_PAGES = 32
 _SCORE_STAGES = {False: 2, True: 3}  # keyed by "index-K cache is FP8"; sweep knob

@@ -186,9 +186,10 @@ def full_path(p, ours, mode):
 def warm_up(p, ours, n):
     """Run the decode path ``n`` times on a fresh case before anything is timed: the steady
     state of a pool that is written once and read for hours (this replaced a 1 s sleep after
-    set-up, which run 17 showed did nothing). It did not remove the slow first timings of the
-    FP8 batch-64 x 128K case (run 18): those were CUDA-graph replays, most captures of which
-    run that kernel ~11 % slower than its eager launches (runs 19-20, benchmarks/NOTES.md).
+    set-up, which run 17 showed did nothing). It does not remove the slow first timings of long
+    index scans: on fresh data the first one or two CUDA-graph captures replay ~11 % slower than
+    every later one, PDL on or off, while eager launches are fast from the first (runs 19-25,
+    benchmarks/NOTES.md).
     """
     full = full_path(p, ours, "decode")
     for _ in range(n):
