@@ -8,7 +8,8 @@ pages per iteration, since removed): benchmarks/NOTES.md, runs 10 and 13. ``--pr
 one eager call of each kernel for ``ncu``; ``--fuse`` times verify (batch 8) and batch-1/8
 512K decode with the select fused up to 1024 keys per tile or not; ``--score`` the stages;
 ``--select`` the in-register top-k as bitonic ``tl.topk`` or rounds of arg-max, beside the
-score kernel without its select; ``--pieces`` index-K pages read in row slices x stages.
+score kernel without its select. (Runs 26-27 timed index-K pages read in row slices x stages x
+programs per SM with a ``--pieces`` sweep since removed with its knob: benchmarks/NOTES.md 26-27.)
 """
 
 from __future__ import annotations
@@ -164,40 +165,6 @@ def select_sweep():
     print("\n".join(["", "== summary =="] + summary))
 
 
-def pieces_sweep():
-    """Index-K pages read in 1 / 2 / 4 row slices x 2-4 stages (``_SCORE_PIECES``), bf16 and FP8, the
-    indexer and the decode, twice; two untimed captures first on each fresh case (run 25: the
-    first captures on fresh data replay slow)."""
-    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
-    summary = []
-    default = dict(mt._SCORE_PIECES)
-    for dtype in ("bf16", "fp8"):
-        for batch, ctx in ((1, 131072), (8, 32768), (8, 131072), (64, 32768), (64, 131072)):
-            p = Problem(kvq, dtype, batch, ctx)
-            path = indexer(p)
-            ref = path()
-            for _ in range(2):
-                run_path(p, "decode", flush)
-            for rep in range(2):
-                for pieces in (1, 2, 4):
-                    for stages in (2, 3, 4):
-                        mt._SCORE_PIECES = {**default, dtype == "fp8": pieces}
-                        set_knobs(stages={dtype == "fp8": stages})
-                        err = (path() != ref).sum().item()
-                        ti = time_graph(path, ITERS, flush)
-                        t = run_path(p, "decode", flush)
-                        line(
-                            f"{dtype:4s} b={batch:<3d} ctx={ctx:<7d} #{rep} pieces {pieces} s{stages}"
-                            f" indexer {ti:7.2f} us  decode {t:8.2f} us  ids differ {err}",
-                            summary,
-                        )
-            mt._SCORE_PIECES = default
-            set_knobs()
-            del p
-            torch.cuda.empty_cache()
-    print("\n".join(["", "== summary =="] + summary))
-
-
 def probe():
     """One eager call each, for ``ncu``: the bf16 indexer at batch 8 x 32K, FP8 / NVFP4 attention at batch 1 x 32K."""
     p = Problem(kvq, "bf16", 8, 32768)
@@ -214,5 +181,4 @@ if __name__ == "__main__":
         "--fuse": fuse_sweep,
         "--score": score_sweep,
         "--select": select_sweep,
-        "--pieces": pieces_sweep,
     }.get(sys.argv[-1], main)()

@@ -179,15 +179,12 @@ from .paged import counters, sm_count  # noqa: E402
 # programs; 3-5 stages lost 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x
 # 128K 294 -> 263 us, batch 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel
 # used for FP8 decode rows until then (267-299 us there, 61 at batch 8; slower only at batch
-# 1 x 128K, 17.4 vs 15.9).
+# 1 x 128K, 17.4 vs 15.9). Pages read in 2 or 4 row slices (fewer registers, so 5-6 programs
+# per SM), 2-4 stages: never more than noise ahead, up to 30 % behind (runs 26-27).
 _SCORE_SLOTS = 4
 _SCORE_MOST_PAGES = 32
 _SCORE_STAGES = {False: 2, True: 3}  # keyed by "index-K cache is FP8"; sweep knob
 _SCORE_WARPS = 4  # warps per score program (sweep knob)
-# Row slices per index-K page load, keyed like _SCORE_STAGES: with 2 slices and 3 stages a bf16
-# program keeps two 16 KB loads in flight in the shared memory one 32 KB page takes at 2
-# stages (FP8's 16 KB pages gained that way, run 13). Sweep knob, not yet timed.
-_SCORE_PIECES = {False: 1, True: 1}
 # Fuse the top-k selection into the score kernel when there are at most this many query
 # rows and a tile's keys ((row, head) pairs x blocks) fit _FUSE_SELECT_MAX_KEYS, one
 # in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one row per tile
@@ -349,7 +346,6 @@ def _block_score_kernel(
     K2: tl.constexpr,
     PDL: tl.constexpr,
     ARGMAX: tl.constexpr,
-    PIECES: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_page = tl.program_id(1) * pages
@@ -359,8 +355,7 @@ def _block_score_kernel(
     head = m % H
     row_ok = (m < BLOCK_R * H) & (row < R)
     d = tl.arange(0, D)
-    KP: tl.constexpr = BS // PIECES  # keys per load: a page is read in PIECES row slices
-    j = tl.arange(0, KP)
+    j = tl.arange(0, BS)
     pp = tl.arange(0, MOST)
     _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
@@ -384,27 +379,19 @@ def _block_score_kernel(
         # pages of this chunk up to the segment's last block; their ids, loaded up front
         n = tl.minimum(pages, last_blk + 1 - first_page).to(tl.int32)
         pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp, mask=pp < n, other=0)
-        run = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # block max so far (PIECES > 1)
-        for i in range(0, n * PIECES):
-            b = first_page + i // PIECES
-            page = tl.sum(tl.where(pp == i // PIECES, pids, 0)).to(tl.int64)
-            key = (i % PIECES) * KP + j  # the slice's keys within the block
-            # -- one slice of an index-K page [KP, D]; fp8 widens exactly to fp16 / fp32 --
-            kt = tl.load(k_ptr + (page * BS + key)[:, None] * stride_kt + d[None, :]).to(CDT)
+        for i in range(0, n):
+            b = first_page + i
+            page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
+            # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 --------------
+            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
             if Q_FP32:
-                s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, KP]
+                s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BS]
             else:
                 s = tl.dot(q, tl.trans(kt))
             # -- token-causal mask, then block max-pool ----------------------------------
-            s = tl.where((b * BS + key)[None, :] <= pos[:, None], s, float("-inf"))
+            s = tl.where((b * BS + j)[None, :] <= pos[:, None], s, float("-inf"))
             bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
-            dst = score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b
-            if PIECES == 1:
-                tl.store(dst, bmax, mask=seg)
-            else:
-                bmax = tl.maximum(bmax, tl.where(i % PIECES == 0, float("-inf"), run))
-                run = bmax
-                tl.store(dst, bmax, mask=seg & (i % PIECES == PIECES - 1))  # after the block's last slice
+            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg)
         done = done | seg
     _gdc_launch_dependents(PDL)
     if FUSE:
@@ -613,7 +600,6 @@ def msa_topk(
         K_FP8=k_fp8,
         SEL_M=sel_m,
         FUSE=fuse,
-        PIECES=max(1, min(_SCORE_PIECES[k_fp8], block_size // 16)),  # slices of >= 16 keys (tl.dot)
         **sel,
         num_warps=_SCORE_WARPS,
         num_stages=_SCORE_STAGES[k_fp8],

@@ -79,29 +79,6 @@ def test_topk_fp8_bf16_q(decode, heads):
     assert torch.equal(got, msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_topk_pages_read_in_slices(monkeypatch, fp8):
-    """Index-K pages of 64 keys read in 4 slices of 16: block maxima across slices, rows whose
-    own block ends mid-page (later slices all in the future), verify rows across a boundary;
-    one SM, so each score program walks its request's pages one after another."""
-    import sglang_m3_kernels.msa_index_topk as mt
-
-    monkeypatch.setattr(mt, "_SCORE_PIECES", {False: 4, True: 4})
-    monkeypatch.setattr(mt, "sm_count", lambda device: 1)
-    bs, g = 64, torch.Generator().manual_seed(11)
-    pt = torch.randperm(40, generator=g)[:32].view(4, 8).int().to(DEV)
-    rr = torch.tensor([0, 1, 1, 1, 1, 2, 3]).to(DEV)
-    rp = torch.tensor([401, 254, 255, 256, 257, 100, 17]).to(DEV)
-    iq = torch.randn(len(rr), 1, D, generator=g)
-    iq = (iq.to(torch.bfloat16) if fp8 else iq).to(DEV)
-    ik = torch.randn(40 * bs, D, generator=g).to(DEV)
-    cache = kq.fp8_quantize_ref(ik, 0.5) if fp8 else ik
-    view = kq.fp8_dequantize_ref(cache, 0.5) if fp8 else ik
-    kw = dict(block_size=bs, topk=TOPK, local_blocks=1)
-    got = msa_topk(iq, cache, pt, rr, rp, k_scale=0.5 if fp8 else 1.0, **kw)
-    assert torch.equal(got, msa_topk_ref(iq.float(), view, pt, rr, rp, **kw))
-
-
 def test_score_pages_fill_whole_waves():
     from sglang_m3_kernels.msa_index_topk import _score_pages
 
