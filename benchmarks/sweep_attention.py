@@ -225,11 +225,27 @@ def graphs_pdl_probe():
         torch.cuda.empty_cache()
 
 
+def replays(graph, n, flush):
+    """Microseconds of each of ``n`` replays of ``graph``, L2 flushed before each."""
+    times = []
+    for _ in range(n):
+        flush.add_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(round(a.elapsed_time(b) * 1e3))
+    return times
+
+
 def cold_capture_probe():
     """Next after run 25: does a cold first capture warm up if it is replayed long enough? Fresh
     FP8 batch 64 x 128K cases; the decode path captured once and replayed 400 times (L2 flushed
     before each), the median of every 40 replays printed; then a second and a third capture of
-    the same path, 40 replays each. Twice."""
+    the same path, 40 replays each. Twice. Run 26: 315.9 then 284-285 us per window of 40, the
+    later captures 285; the first 64 replays are printed one by one since (with ``_time``'s warm-up
+    replays, 64 or more, taken out of every window)."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     ours = (kvq, msa_topk, msa_attention)
     for case in range(2):
@@ -242,6 +258,8 @@ def cold_capture_probe():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 fn()
+            if capture == 0:
+                print(f"case {case} capture 0: its first 64 replays {replays(graph, 64, flush)} us", flush=True)
             windows = [round(_time(graph.replay, 40, flush), 1) for _ in range(10 if capture == 0 else 1)]
             print(f"case {case} capture {capture}: medians of 40 replays {windows} us", flush=True)
         del p, fn, graph
