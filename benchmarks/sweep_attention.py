@@ -18,6 +18,8 @@ median of 10):
   one) with programmatic dependent launch on and off, then of the whole decode path (run 25).
 * ``--cold``: one capture of the FP8 batch 64 x 128K decode on a fresh case replayed 400 times,
   then two more captures: does a cold first capture warm up?
+* ``--splits``: split programs per SM x the largest split count merged in the attention, verify
+  at batch 8 beside the decodes those knobs also move.
 """
 
 from __future__ import annotations
@@ -112,6 +114,44 @@ def merge_sweep():
             del p
             torch.cuda.empty_cache()
     ma._FUSE_MERGE_MAX_SPLITS = default
+    print("\n".join(["", "== summary =="] + summary))
+
+
+def splits_sweep():
+    """Split-K programs per SM x largest split count merged in the attention itself, for verify
+    (32 rows at batch 8: 8 splits by default, merged by the merge launch) beside the decodes the
+    same knobs move (batch 8, batch 64: 4 splits, fused): attention alone and the whole path,
+    bf16 / FP8 / NVFP4, twice."""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    ours = (kvq, msa_topk, msa_attention)
+    default = ma._FUSE_MERGE_MAX_SPLITS
+    summary = []
+    for dtype in ("bf16", "fp8", "nvfp4"):
+        for batch, ctx, mode in (
+            (8, 32768, "verify"),
+            (8, 131072, "verify"),
+            (8, 32768, "decode"),
+            (64, 32768, "decode"),
+        ):
+            p = Problem(kvq, dtype, batch, ctx)
+            ids = index_path(p, msa_topk, mode)()
+            for _ in range(2):  # untimed captures: the first ones on fresh data run slow (run 27)
+                time_graph(full_path(p, ours, mode), 1, flush)
+            for rep in range(2):
+                for per_sm, most in ((1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)):
+                    set_knobs(per_sm=per_sm)
+                    ma._FUSE_MERGE_MAX_SPLITS = most
+                    ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
+                    td = time_graph(full_path(p, ours, mode), ITERS, flush)
+                    line(
+                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} per_sm {per_sm:<3} fuse <= {most:<2d}"
+                        f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
+                        summary,
+                    )
+            set_knobs()
+            ma._FUSE_MERGE_MAX_SPLITS = default
+            del p
+            torch.cuda.empty_cache()
     print("\n".join(["", "== summary =="] + summary))
 
 
@@ -273,4 +313,5 @@ if __name__ == "__main__":
         "--merge": merge_sweep,
         "--graphs-pdl": graphs_pdl_probe,
         "--cold": cold_capture_probe,
+        "--splits": splits_sweep,
     }.get(sys.argv[-1], attention_sweep)()
