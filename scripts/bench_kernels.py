@@ -145,8 +145,8 @@ def time_graph(fn, iters, flush):
 
 
 # Warm-up replays before timing, at least this many and this long: a fresh capture of a long index
-# scan replays ~11 % slow for its first tens of replays, then fast for good (run 26: FP8 batch 64 x
-# 128K decode, median of its first 40 replays 315 us, of every later 40 284-285; benchmarks/NOTES.md).
+# scan replays ~11 % slow for its first ~36 replays, then fast for good (runs 26-27: FP8 batch 64 x
+# 128K decode, 316-325 us for its first 36-37 replays, 285-292 after; benchmarks/NOTES.md).
 # Serving replays a captured graph for hours, so the steady state is what is timed, ours and upstream's.
 _WARM_REPLAYS, _WARM_SECONDS = 64, 0.05
 
@@ -197,7 +197,7 @@ def warm_up(p, ours, n):
     """Run the decode path ``n`` times on a fresh case before anything is timed: the steady
     state of a pool that is written once and read for hours (this replaced a 1 s sleep after
     set-up, which run 17 showed did nothing). The slow first replays of a fresh capture (runs
-    19-26, benchmarks/NOTES.md) are what ``_time``'s warm-up replays are for.
+    19-27, benchmarks/NOTES.md) are what ``_time``'s warm-up replays are for.
     """
     full = full_path(p, ours, "decode")
     for _ in range(n):
