@@ -91,60 +91,28 @@ def attention_sweep():
     print("\n".join(["", "== summary =="] + summary))
 
 
-def merge_sweep():
-    """Run 21 (NOTES.md) also timed key tiles smaller than the block at batch 1 / 8 (no gain; removed)."""
+def knob_sweep(cases, variants):
+    """Attention alone and the whole path for each (split programs per SM, largest split count
+    merged in the attention) variant, bf16 / FP8 / NVFP4, twice; two untimed captures first on
+    each fresh case (the first ones on fresh data run slow, run 27)."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     ours = (kvq, msa_topk, msa_attention)
     default = ma._FUSE_MERGE_MAX_SPLITS
     summary = []
     for dtype in ("bf16", "fp8", "nvfp4"):
-        for batch, mode in ((1, "decode"), (8, "decode"), (8, "verify"), (64, "decode")):
-            p = Problem(kvq, dtype, batch, 32768)
-            ids = index_path(p, msa_topk, mode)()
-            for rep in range(2):
-                for most in (0, 4, 1 << 20):
-                    ma._FUSE_MERGE_MAX_SPLITS = most
-                    ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
-                    td = time_graph(full_path(p, ours, mode), ITERS, flush)
-                    line(
-                        f"{dtype:5s} b={batch:<3d} {mode:6s} #{rep} fused merge up to {most:<7d} splits"
-                        f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
-                        summary,
-                    )
-            del p
-            torch.cuda.empty_cache()
-    ma._FUSE_MERGE_MAX_SPLITS = default
-    print("\n".join(["", "== summary =="] + summary))
-
-
-def splits_sweep():
-    """Split-K programs per SM x largest split count merged in the attention itself, for verify
-    (32 rows at batch 8: 8 splits by default, merged by the merge launch) beside the decodes the
-    same knobs move (batch 8, batch 64: 4 splits, fused): attention alone and the whole path,
-    bf16 / FP8 / NVFP4, twice."""
-    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
-    ours = (kvq, msa_topk, msa_attention)
-    default = ma._FUSE_MERGE_MAX_SPLITS
-    summary = []
-    for dtype in ("bf16", "fp8", "nvfp4"):
-        for batch, ctx, mode in (
-            (8, 32768, "verify"),
-            (8, 131072, "verify"),
-            (8, 32768, "decode"),
-            (64, 32768, "decode"),
-        ):
+        for batch, ctx, mode in cases:
             p = Problem(kvq, dtype, batch, ctx)
             ids = index_path(p, msa_topk, mode)()
-            for _ in range(2):  # untimed captures: the first ones on fresh data run slow (run 27)
+            for _ in range(2):
                 time_graph(full_path(p, ours, mode), 1, flush)
             for rep in range(2):
-                for per_sm, most in ((1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)):
+                for per_sm, most in variants:
                     set_knobs(per_sm=per_sm)
                     ma._FUSE_MERGE_MAX_SPLITS = most
                     ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
                     td = time_graph(full_path(p, ours, mode), ITERS, flush)
                     line(
-                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} per_sm {per_sm:<3} fuse <= {most:<2d}"
+                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} per_sm {per_sm:<3} fuse <= {most:<7d}"
                         f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
                         summary,
                     )
@@ -153,6 +121,20 @@ def splits_sweep():
             del p
             torch.cuda.empty_cache()
     print("\n".join(["", "== summary =="] + summary))
+
+
+def merge_sweep():
+    """The split merge fused into the attention up to 0 / 4 / any number of splits (runs 21-22;
+    run 21 also timed key tiles smaller than the block at batch 1 / 8: no gain, removed)."""
+    cases = [(1, 32768, "decode"), (8, 32768, "decode"), (8, 32768, "verify"), (64, 32768, "decode")]
+    knob_sweep(cases, [(1, 0), (1, 4), (1, 1 << 20)])
+
+
+def splits_sweep():
+    """Split programs per SM x fused merge for verify at batch 8 (32 rows: 8 splits by default,
+    merged by the merge launch) beside the decodes the same knobs move (run 29)."""
+    cases = [(8, 32768, "verify"), (8, 131072, "verify"), (8, 32768, "decode"), (64, 32768, "decode")]
+    knob_sweep(cases, [(1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)])
 
 
 def settle_probe():
