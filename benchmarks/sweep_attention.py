@@ -19,7 +19,7 @@ median of 10):
 * ``--cold``: one capture of the FP8 batch 64 x 128K decode on a fresh case replayed 400 times,
   then two more captures: does a cold first capture warm up?
 * ``--splits``: split programs per SM x the largest split count merged in the attention, verify
-  at batch 8 beside the decodes those knobs also move.
+  at batch 8 beside the decodes those knobs also move; ``--few-splits``: 2-16 splits at batch 1.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def knob_sweep(cases, variants):
                     ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
                     td = time_graph(full_path(p, ours, mode), ITERS, flush)
                     line(
-                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} per_sm {per_sm:<3} fuse <= {most:<7d}"
+                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} {per_sm:<5.3g}/SM fuse <= {most:<7d}"
                         f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
                         summary,
                     )
@@ -135,6 +135,15 @@ def splits_sweep():
     merged by the merge launch) beside the decodes the same knobs move (run 29)."""
     cases = [(8, 32768, "verify"), (8, 131072, "verify"), (8, 32768, "decode"), (64, 32768, "decode")]
     knob_sweep(cases, [(1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)])
+
+
+def few_splits_sweep():
+    """Batch 1 decode: the attention's 16 splits (one page each, merge launch) against 8 / 4 / 2
+    (several pages per program; up to 4 merged in the attention itself) and 16 fused."""
+    sms = ma.sm_count(torch.device("cuda"))
+    per_sm = {n: (n - 0.5) / sms for n in (2, 4, 8)}  # one row: splits double while below n - 0.5
+    variants = [(1, 4), (per_sm[8], 4), (per_sm[8], 8), (per_sm[4], 4), (per_sm[2], 4), (1, 16)]
+    knob_sweep([(1, 8192, "decode"), (1, 131072, "decode")], variants)
 
 
 def settle_probe():
@@ -296,4 +305,5 @@ if __name__ == "__main__":
         "--graphs-pdl": graphs_pdl_probe,
         "--cold": cold_capture_probe,
         "--splits": splits_sweep,
+        "--few-splits": few_splits_sweep,
     }.get(sys.argv[-1], attention_sweep)()
