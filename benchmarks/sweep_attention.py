@@ -19,7 +19,7 @@ median of 10):
 * ``--cold``: one capture of the FP8 batch 64 x 128K decode on a fresh case replayed 400 times,
   then two more captures: does a cold first capture warm up?
 * ``--splits``: split programs per SM x the largest split count merged in the attention, verify
-  at batch 8 beside the decodes those knobs also move; ``--few-splits``: 2-16 splits at batch 1.
+  at batch 8 beside the decodes those knobs also move; ``--few-splits``: 2-16 splits at batch 1 and 8.
 """
 
 from __future__ import annotations
@@ -138,12 +138,13 @@ def splits_sweep():
 
 
 def few_splits_sweep():
-    """Batch 1 decode: the attention's 16 splits (one page each, merge launch) against 8 / 4 / 2
-    (several pages per program; up to 4 merged in the attention itself) and 16 fused."""
+    """Batch 1 and 8 decode: the attention's 16 splits (one page each, merge launch) against 8 / 4 /
+    2 (several pages per program; up to 4 merged in the attention itself) and 16 fused."""
     sms = ma.sm_count(torch.device("cuda"))
-    per_sm = {n: (n - 0.5) / sms for n in (2, 4, 8)}  # one row: splits double while below n - 0.5
-    variants = [(1, 4), (per_sm[8], 4), (per_sm[8], 8), (per_sm[4], 4), (per_sm[2], 4), (1, 16)]
-    knob_sweep([(1, 8192, "decode"), (1, 131072, "decode")], variants)
+    for batch in (1, 8):
+        per_sm = {n: (batch * n - 0.5) / sms for n in (2, 4, 8)}  # splits double while rows x splits < that
+        variants = [(1, 4), (per_sm[8], 4), (per_sm[8], 8), (per_sm[4], 4), (per_sm[2], 4), (1, 16)]
+        knob_sweep([(batch, 8192, "decode"), (batch, 131072, "decode")], variants)
 
 
 def settle_probe():
