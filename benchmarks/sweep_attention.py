@@ -32,7 +32,7 @@ import torch
 
 _root = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_root / "benchmarks"), str(_root / "scripts")]
-from bench_kernels import _time, warm_up  # noqa: E402
+from bench_kernels import _time, replay_times, warm_up  # noqa: E402
 from sweep_fusion import (  # noqa: E402
     ITERS,
     Problem,
@@ -257,20 +257,6 @@ def graphs_pdl_probe():
         torch.cuda.empty_cache()
 
 
-def replays(graph, n, flush):
-    """Microseconds of each of ``n`` replays of ``graph``, L2 flushed before each."""
-    times = []
-    for _ in range(n):
-        flush.add_(1)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(round(a.elapsed_time(b) * 1e3))
-    return times
-
-
 def cold_capture_probe():
     """Next after run 25: does a cold first capture warm up if it is replayed long enough? Fresh
     FP8 batch 64 x 128K cases; the decode path captured once and replayed 400 times (L2 flushed
@@ -291,7 +277,8 @@ def cold_capture_probe():
             with torch.cuda.graph(graph):
                 fn()
             if capture == 0:
-                print(f"case {case} capture 0: its first 64 replays {replays(graph, 64, flush)} us", flush=True)
+                first = [round(t) for t in replay_times(graph.replay, 64, flush)]
+                print(f"case {case} capture 0: its first 64 replays {first} us", flush=True)
             windows = [round(_time(graph.replay, 40, flush), 1) for _ in range(10 if capture == 0 else 1)]
             print(f"case {case} capture {capture}: medians of 40 replays {windows} us", flush=True)
         del p, fn, graph

@@ -159,8 +159,13 @@ def _time(run, iters, flush):
             run()
         torch.cuda.synchronize()
         done += 16
+    return statistics.median(replay_times(run, iters, flush))
+
+
+def replay_times(run, n, flush):
+    """Microseconds of each of ``n`` calls of ``run``, the L2 flushed before each (no warm-up)."""
     times = []
-    for _ in range(iters):
+    for _ in range(n):
         flush.add_(1)  # 256 MB read + write evicts the 60 MB L2
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -168,7 +173,7 @@ def _time(run, iters, flush):
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def index_path(p, msa_topk, mode):
