@@ -91,60 +91,71 @@ def attention_sweep():
     print("\n".join(["", "== summary =="] + summary))
 
 
-def knob_sweep(cases, variants):
-    """Attention alone and the whole path for each (split programs per SM, largest split count
-    merged in the attention) variant, bf16 / FP8 / NVFP4, twice; two untimed captures first on
-    each fresh case (the first ones on fresh data run slow, run 27)."""
+def knob_sweep(cases, variants, dtypes=("bf16", "fp8", "nvfp4")):
+    """Attention alone and the whole path for each variant (``msa_sparse_attn`` attribute -> value),
+    twice; two untimed captures first on each fresh case (the first ones on fresh data run slow,
+    run 27). Every attribute is restored afterwards."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     ours = (kvq, msa_topk, msa_attention)
-    default = ma._FUSE_MERGE_MAX_SPLITS
+    defaults = {name: getattr(ma, name) for v in variants for name in v}
     summary = []
-    for dtype in ("bf16", "fp8", "nvfp4"):
+    for dtype in dtypes:
         for batch, ctx, mode in cases:
             p = Problem(kvq, dtype, batch, ctx)
             ids = index_path(p, msa_topk, mode)()
             for _ in range(2):
                 time_graph(full_path(p, ours, mode), 1, flush)
             for rep in range(2):
-                for per_sm, most in variants:
-                    set_knobs(per_sm=per_sm)
-                    ma._FUSE_MERGE_MAX_SPLITS = most
+                for variant in variants:
+                    for name, value in {**defaults, **variant}.items():
+                        setattr(ma, name, value)
                     ta = time_graph(lambda p=p, m=mode, i=ids: attend(p, msa_attention, m, i), ITERS, flush)
                     td = time_graph(full_path(p, ours, mode), ITERS, flush)
+                    label = " ".join(f"{k.strip('_').lower()}={_show(v)}" for k, v in variant.items())
                     line(
-                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} {per_sm:<5.3g}/SM fuse <= {most:<7d}"
+                        f"{dtype:5s} b={batch:<3d} ctx={ctx:<7d} {mode:6s} #{rep} {label:40s}"
                         f"  attention {ta:7.2f} us  {mode} {td:7.2f} us",
                         summary,
                     )
-            set_knobs()
-            ma._FUSE_MERGE_MAX_SPLITS = default
+            for name, value in defaults.items():
+                setattr(ma, name, value)
             del p
             torch.cuda.empty_cache()
     print("\n".join(["", "== summary =="] + summary))
+
+
+def _show(value):
+    if isinstance(value, dict):  # per KV mode (0 plain, 1 FP8, 2 NVFP4)
+        return "/".join(str(v) for v in value.values())
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _splits(per_sm, most):
+    return {"_SPLIT_PROGRAMS_PER_SM": per_sm, "_FUSE_MERGE_MAX_SPLITS": most}
 
 
 def merge_sweep():
     """The split merge fused into the attention up to 0 / 4 / any number of splits (runs 21-22;
     run 21 also timed key tiles smaller than the block at batch 1 / 8: no gain, removed)."""
     cases = [(1, 32768, "decode"), (8, 32768, "decode"), (8, 32768, "verify"), (64, 32768, "decode")]
-    knob_sweep(cases, [(1, 0), (1, 4), (1, 1 << 20)])
+    knob_sweep(cases, [_splits(1, 0), _splits(1, 4), _splits(1, 1 << 20)])
 
 
 def splits_sweep():
     """Split programs per SM x fused merge for verify at batch 8 (32 rows: 8 splits by default,
     merged by the merge launch) beside the decodes the same knobs move (run 29)."""
     cases = [(8, 32768, "verify"), (8, 131072, "verify"), (8, 32768, "decode"), (64, 32768, "decode")]
-    knob_sweep(cases, [(1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)])
+    knob_sweep(cases, [_splits(*v) for v in [(1, 4), (0.5, 4), (0.5, 0), (1, 8), (2, 4), (2, 16)]])
 
 
 def few_splits_sweep():
     """Batch 1 and 8 decode: the attention's 16 splits (one page each, merge launch) against 8 / 4 /
-    2 (several pages per program; up to 4 merged in the attention itself) and 16 fused."""
+    2 (several pages per program; up to 4 merged in the attention itself) and 16 fused (run 30)."""
     sms = ma.sm_count(torch.device("cuda"))
     for batch in (1, 8):
         per_sm = {n: (batch * n - 0.5) / sms for n in (2, 4, 8)}  # splits double while rows x splits < that
         variants = [(1, 4), (per_sm[8], 4), (per_sm[8], 8), (per_sm[4], 4), (per_sm[2], 4), (1, 16)]
-        knob_sweep([(batch, 8192, "decode"), (batch, 131072, "decode")], variants)
+        knob_sweep([(batch, 8192, "decode"), (batch, 131072, "decode")], [_splits(*v) for v in variants])
 
 
 def settle_probe():
