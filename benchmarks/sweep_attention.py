@@ -20,6 +20,7 @@ median of 10):
   then two more captures: does a cold first capture warm up?
 * ``--splits``: split programs per SM x the largest split count merged in the attention, verify
   at batch 8 beside the decodes those knobs also move; ``--few-splits``: 2-16 splits at batch 1 and 8.
+* ``--warps``: 16 warps per attention program against 8, with all or half the splits.
 """
 
 from __future__ import annotations
@@ -156,6 +157,15 @@ def few_splits_sweep():
         per_sm = {n: (batch * n - 0.5) / sms for n in (2, 4, 8)}  # splits double while rows x splits < that
         variants = [(1, 4), (per_sm[8], 4), (per_sm[8], 8), (per_sm[4], 4), (per_sm[2], 4), (1, 16)]
         knob_sweep([(batch, 8192, "decode"), (batch, 131072, "decode")], [_splits(*v) for v in variants])
+
+
+def warps_sweep():
+    """16 warps per attention program (half the elements per thread on a critical path that is one
+    program per SM at batch 1 / 8) against 8, and with half the splits (verify at batch 8 then fits
+    one program per SM)."""
+    cases = [(1, 32768, "decode"), (8, 32768, "decode"), (8, 32768, "verify"), (64, 32768, "decode")]
+    w16 = {"_WARPS": {0: 16, 1: 16, 2: 16}}
+    knob_sweep(cases, [{"_WARPS": dict(ma._WARPS)}, w16, {**w16, "_SPLIT_PROGRAMS_PER_SM": 0.5}])
 
 
 def settle_probe():
@@ -305,4 +315,5 @@ if __name__ == "__main__":
         "--cold": cold_capture_probe,
         "--splits": splits_sweep,
         "--few-splits": few_splits_sweep,
+        "--warps": warps_sweep,
     }.get(sys.argv[-1], attention_sweep)()
