@@ -21,6 +21,7 @@ median of 10):
 * ``--splits``: split programs per SM x the largest split count merged in the attention, verify
   at batch 8 beside the decodes those knobs also move; ``--few-splits``: 2-16 splits at batch 1 and 8.
 * ``--warps``: 16 warps per attention program against 8, with all or half the splits.
+* ``--ncu``: one eager attention call each (bf16 / FP8 / NVFP4, batch 1 and 64) for ``ncu``.
 """
 
 from __future__ import annotations
@@ -166,6 +167,20 @@ def warps_sweep():
     cases = [(1, 32768, "decode"), (8, 32768, "decode"), (8, 32768, "verify"), (64, 32768, "decode")]
     w16 = {"_WARPS": {0: 16, 1: 16, 2: 16}}
     knob_sweep(cases, [{"_WARPS": dict(ma._WARPS)}, w16, {**w16, "_SPLIT_PROGRAMS_PER_SM": 0.5}])
+
+
+def ncu_probe():
+    """Eager attention calls for ``ncu``: bf16 / FP8 / NVFP4 at batch 1 and 64, 32K, decode rows;
+    six compile calls first, then the six to profile (``ncu --launch-skip 6``)."""
+    cases = []
+    for batch in (1, 64):
+        for dtype in ("bf16", "fp8", "nvfp4"):
+            p = Problem(kvq, dtype, batch, 32768)
+            cases.append((p, index_path(p, msa_topk, "decode")()))
+    for _ in range(2):
+        for p, ids in cases:
+            attend(p, msa_attention, "decode", ids)
+            torch.cuda.synchronize()
 
 
 def settle_probe():
@@ -316,4 +331,5 @@ if __name__ == "__main__":
         "--splits": splits_sweep,
         "--few-splits": few_splits_sweep,
         "--warps": warps_sweep,
+        "--ncu": ncu_probe,
     }.get(sys.argv[-1], attention_sweep)()
