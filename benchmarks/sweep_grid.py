@@ -129,8 +129,10 @@ class _NoSelect:  # stands in for the select launch: "score only"
 
 
 def select_sweep():
-    """Run 22 (NOTES.md) also timed index-K pages loaded by TMA (a host-built tensor descriptor)
-    instead of cp.async, at 2-4 stages: within 1 us of cp.async everywhere (removed)."""
+    """The in-register top-k as bitonic ``tl.topk`` or rounds of arg-max (ids checked against the
+    default's), indexer alone and the whole path, then the score kernel with no select ("score
+    only"), bf16 / FP8 index-K (run 23). Run 22 (NOTES.md) also timed index-K pages loaded by TMA (a
+    host-built tensor descriptor) instead of cp.async, at 2-4 stages: within 1 us everywhere (removed)."""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
     summary = []
     select_kernel = mt._topk_select_kernel
