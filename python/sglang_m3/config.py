@@ -10,12 +10,25 @@ Two spellings of the same text config exist and both parse (DESIGN section 4):
 
 Anything this design cannot serve is refused here, at start-up, with a
 ``ValueError`` that names the field and the value; nothing is silently ignored.
+
+SGLang's CPU path pads the MoE width (``intermediate_size``) and, for uneven
+tensor-parallel splits, the head counts in the config it hands to the model, keeping
+the checkpoint's values as ``original_*``; those are the values parsed here (the
+checkpoint's tensors have the original shapes).
+
+``M3Config.from_hf`` is parsed once per process per distinct config (cached); every
+field has one reader, here.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
 
 M3_ARCHITECTURES = ("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForCausalLM")
 
@@ -80,11 +93,12 @@ class M3Config:
         text = getattr(hf_config, "text_config", None)
         if text is None and isinstance(hf_config, Mapping):
             text = hf_config.get("text_config")
-        return cls.from_text_dict(_as_dict(text if text is not None else hf_config), architecture)
+        d = _as_dict(text if text is not None else hf_config)
+        return _parse_cached(json.dumps(d, sort_keys=True, default=repr), architecture)
 
     @classmethod
     def from_text_dict(cls, d: Mapping[str, Any], architecture: str) -> "M3Config":
-        num_layers = _req(d, "num_hidden_layers")
+        num_layers = _positive(d, "num_hidden_layers")
         sparse_layers, moe_layers, msa = _parse_layers_and_msa(d, num_layers)
         # transformers normalises the released "swigluoai" to "silu" and computes the OAI gate inline.
         _check_choice(d, "hidden_act", ("swigluoai", "silu"))
@@ -95,9 +109,11 @@ class M3Config:
         _check_choice(d, "use_routing_bias", (True,))
         _check_choice(d, "attention_output_gate", (False,))
         _check_choice(d, "n_shared_experts", (1,))
-        num_heads, num_kv_heads = _req(d, "num_attention_heads"), _req(d, "num_key_value_heads")
-        head_dim = d.get("head_dim") or _req(d, "hidden_size") // num_heads
-        rotary_dim = _rotary_dim(d, head_dim)
+        hidden = _positive(d, "hidden_size")
+        num_heads = _positive(d, "num_attention_heads", original="original_num_attention_heads")
+        num_kv_heads = _positive(d, "num_key_value_heads", original="original_total_num_kv_heads")
+        head_dim = _positive(d, "head_dim") if d.get("head_dim") is not None else hidden // num_heads
+        rope_theta, rotary_dim = _rope(d, head_dim)
         if num_heads % num_kv_heads:
             raise M3ConfigError(
                 f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
@@ -108,24 +124,32 @@ class M3Config:
                 "MSA selects blocks per KV group, so each group needs exactly one index head"
             )
         if rotary_dim > msa.index_dim:
-            raise M3ConfigError(f"rotary_dim={rotary_dim} exceeds index_head_dim={msa.index_dim}")
+            raise M3ConfigError(f"rotary dims={rotary_dim} exceed index_head_dim={msa.index_dim}")
+        num_experts = _positive(d, "num_local_experts")
+        top_k = _positive(d, "num_experts_per_tok")
+        if top_k > num_experts:
+            raise M3ConfigError(f"num_experts_per_tok={top_k} exceeds num_local_experts={num_experts}")
         return cls(
             architecture=architecture,
-            hidden_size=_req(d, "hidden_size"),
+            hidden_size=hidden,
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            vocab_size=_req(d, "vocab_size"),
+            vocab_size=_positive(d, "vocab_size"),
             rms_norm_eps=float(_req(d, "rms_norm_eps")),
-            rope_theta=float(_rope_theta(d)),
+            rope_theta=rope_theta,
             rotary_dim=rotary_dim,
-            max_position_embeddings=_req(d, "max_position_embeddings"),
-            dense_intermediate_size=_req(d, "dense_intermediate_size"),
-            moe_intermediate_size=_req(d, "intermediate_size"),
-            shared_intermediate_size=_req(d, "shared_intermediate_size"),
-            num_experts=_req(d, "num_local_experts"),
-            top_k=_req(d, "num_experts_per_tok"),
+            max_position_embeddings=_positive(d, "max_position_embeddings"),
+            dense_intermediate_size=_positive(
+                d, "dense_intermediate_size", original="original_dense_intermediate_size"
+            ),
+            moe_intermediate_size=_positive(d, "intermediate_size", original="original_intermediate_size"),
+            shared_intermediate_size=_positive(
+                d, "shared_intermediate_size", original="original_shared_intermediate_size"
+            ),
+            num_experts=num_experts,
+            top_k=top_k,
             routed_scaling_factor=float(_req(d, "routed_scaling_factor")),
             swiglu_alpha=float(_req(d, "swiglu_alpha")),
             swiglu_limit=float(_req(d, "swiglu_limit")),
@@ -134,6 +158,11 @@ class M3Config:
             moe_layers=moe_layers,
             msa=msa,
         )
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_cached(text_json: str, architecture: str) -> M3Config:
+    return M3Config.from_text_dict(json.loads(text_json), architecture)
 
 
 def _draft_config_file(path: str) -> str:
@@ -158,46 +187,90 @@ def _draft_config_file(path: str) -> str:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """The parts of an EAGLE3 draft checkpoint the target side must know (DESIGN section 7).
+    """An EAGLE3 draft checkpoint's config (DESIGN section 7): the one reader of its fields,
+    for the start-up checks, the pool geometry and the draft model alike.
 
     The draft's KV rows live in the target's pool (layer ids after the target's), so
     its head_dim must be the target's; its hidden size must match for the fused
-    aux hidden states and the shared embedding.
+    aux hidden states and the shared embedding; its vocabulary is the target's, or a
+    reduced one mapped to target ids by ``d2t``.
     """
 
     num_layers: int
+    hidden_size: int
+    num_heads: int
     num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target vocabulary the draft predicts into
+    draft_vocab_size: int  # rows of the draft's own lm_head (== vocab_size without d2t)
+    rms_norm_eps: float
+    rope_theta: float
+    aux_layer_ids: tuple[int, ...] | None  # eagle_aux_hidden_state_layer_ids, as given (outputs)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DraftConfig":
+        layers = d.get("num_hidden_layers")
+        if layers != 1:
+            raise M3ConfigError(f"draft num_hidden_layers={layers}: sglang-m3 serves 1-layer drafts")
+        heads = _positive(d, "num_attention_heads")
+        kv_heads = _positive(d, "num_key_value_heads") if d.get("num_key_value_heads") is not None else heads
+        if heads % kv_heads:
+            raise M3ConfigError(
+                f"draft num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+            )
+        hidden = _positive(d, "hidden_size")
+        vocab = _positive(d, "vocab_size")
+        draft_vocab = _positive(d, "draft_vocab_size") if d.get("draft_vocab_size") is not None else vocab
+        if draft_vocab > vocab:
+            raise M3ConfigError(f"draft draft_vocab_size={draft_vocab} exceeds its vocab_size={vocab}")
+        rope = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise M3ConfigError(f"draft rope_scaling={rope!r}: sglang-m3's draft supports plain RoPE only")
+        theta = rope.get("rope_theta", d.get("rope_theta"))
+        if theta is None:
+            raise M3ConfigError("draft config is missing required field 'rope_theta'")
+        ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        return cls(
+            num_layers=layers,
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=_positive(d, "head_dim") if d.get("head_dim") is not None else hidden // heads,
+            intermediate_size=_positive(d, "intermediate_size"),
+            vocab_size=vocab,
+            draft_vocab_size=draft_vocab,
+            rms_norm_eps=float(_req(d, "rms_norm_eps")),
+            rope_theta=float(theta),
+            aux_layer_ids=None if ids is None else tuple(int(i) for i in ids),
+        )
+
+    @classmethod
+    def from_hf(cls, config: Any) -> "DraftConfig":
+        return cls.from_dict(_as_dict(config))
 
     @classmethod
     def from_path(cls, path: str, target: "M3Config") -> "DraftConfig":
-        import json
-
+        """The draft at ``path`` (directory or hub id), checked against the target it serves."""
         with open(_draft_config_file(path)) as f:
             d = json.load(f)
         arch = (d.get("architectures") or ["?"])[0]
-        if arch != "LlamaForCausalLMEagle3":
+        if arch != "LlamaForCausalLMEagle3":  # the worker renames it to our draft class afterwards
             raise M3ConfigError(f"draft architectures[0]={arch!r}: sglang-m3 serves LlamaForCausalLMEagle3 drafts")
-        heads = _req(d, "num_attention_heads")
-        head_dim = d.get("head_dim") or _req(d, "hidden_size") // heads
+        draft = cls.from_dict(d)
+        draft.check_fits(target)
+        return draft
+
+    def check_fits(self, target: "M3Config") -> None:
         for field, value, want in (
-            ("head_dim", head_dim, target.head_dim),
-            ("hidden_size", d["hidden_size"], target.hidden_size),
+            ("head_dim", self.head_dim, target.head_dim),
+            ("hidden_size", self.hidden_size, target.hidden_size),
+            ("vocab_size", self.vocab_size, target.vocab_size),
         ):
             if value != want:
                 raise M3ConfigError(f"draft {field}={value}: must equal the target's {want}")
-        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise M3ConfigError(f"draft rope_scaling={rope!r}: sglang-m3's draft supports plain RoPE only")
-        if d.get("num_hidden_layers") != 1:
-            raise M3ConfigError(
-                f"draft num_hidden_layers={d.get('num_hidden_layers')}: sglang-m3 serves 1-layer drafts"
-            )
         # Refuse aux layer ids the target does not have (SGLang hands them to the target model).
-        aux_capture_inputs((d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"), target.num_layers)
-        return cls(
-            num_layers=_req(d, "num_hidden_layers"),
-            num_kv_heads=d.get("num_key_value_heads", heads),
-        )
+        aux_capture_inputs(self.aux_layer_ids, target.num_layers)
 
 
 def aux_capture_inputs(layer_ids, num_layers: int) -> tuple[int, ...]:
@@ -268,26 +341,48 @@ def _check_choice(d: Mapping[str, Any], key: str, allowed: tuple) -> None:
         raise M3ConfigError(f"unsupported {key}={d[key]!r}; supported: {list(allowed)}")
 
 
-def _rope_theta(d: Mapping[str, Any]) -> float:
-    if d.get("rope_theta") is not None:
-        return d["rope_theta"]
-    params = d.get("rope_parameters") or {}
-    if params.get("rope_type", "default") != "default":
-        raise M3ConfigError(
-            f"unsupported rope_parameters.rope_type={params.get('rope_type')!r}; supported: ['default']"
-        )
-    if params.get("rope_theta") is None:
+def _positive(d: Mapping[str, Any], key: str, original: str | None = None) -> int:
+    """A required positive integer; ``original``: the key under which SGLang keeps the checkpoint's value
+    when it pads ``key`` (CPU path)."""
+    value = d[original] if original and d.get(original) is not None else _req(d, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise M3ConfigError(f"{original if original and original in d else key}={value!r}: must be a positive integer")
+    return value
+
+
+def _rope(d: Mapping[str, Any], head_dim: int) -> tuple[float, int]:
+    """``(rope_theta, rotary dims)`` by transformers' rule (``PreTrainedConfig.convert_rope_params_to_dict``):
+    the released ``rope_scaling`` or ``rope_parameters`` dict, ``rope_theta`` / ``partial_rotary_factor``
+    from the top level where given; ``head_dim * partial_rotary_factor`` dims rotate (factor 1.0 when
+    absent). transformers ignores ``rotary_dim``, and so do we (a warning says when it disagrees)."""
+    params = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
+    field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise M3ConfigError(f"unsupported {field}.rope_type={rope_type!r}; supported: ['default']")
+    theta = params.get("rope_theta", d.get("rope_theta"))
+    if theta is None:
         raise M3ConfigError("MiniMax-M3 config is missing required field 'rope_theta'")
-    return params["rope_theta"]
-
-
-def _rotary_dim(d: Mapping[str, Any], head_dim: int) -> int:
-    if d.get("rotary_dim") is not None:
-        return int(d["rotary_dim"])
-    factor = d.get("partial_rotary_factor") or (d.get("rope_parameters") or {}).get("partial_rotary_factor")
-    if factor is None:
-        raise M3ConfigError("MiniMax-M3 config is missing required field 'rotary_dim'")
-    return int(head_dim * factor)
+    factor = d.get("partial_rotary_factor")
+    factor = params.get("partial_rotary_factor", 1.0) if factor is None else factor
+    if not 0 < float(factor) <= 1:
+        raise M3ConfigError(f"partial_rotary_factor={factor!r}: must be in (0, 1]")
+    rotary = int(head_dim * float(factor))
+    if rotary % 2:
+        raise M3ConfigError(
+            f"head_dim={head_dim} x partial_rotary_factor={factor} = {rotary} rotary dims: must be even"
+        )
+    if d.get("rotary_dim") is not None and int(d["rotary_dim"]) != rotary:
+        logger.warning(
+            "sglang-m3: rotary_dim=%s disagrees with head_dim=%d x partial_rotary_factor=%s = %d; rotating %d "
+            "dims as transformers does (it ignores rotary_dim)",
+            d["rotary_dim"],
+            head_dim,
+            factor,
+            rotary,
+            rotary,
+        )
+    return float(theta), rotary
 
 
 def _per_layer(values, num_layers: int, field: str, mapping: Mapping[Any, bool]) -> tuple[bool, ...]:
@@ -315,6 +410,17 @@ def _parse_layers_and_msa(d: Mapping[str, Any], num_layers: int):
         sparse_layers = _per_layer(
             _req(sparse_cfg, "sparse_attention_freq"), num_layers, "sparse_attention_freq", {0: False, 1: True}
         )
+        # The released MSA layers have no index value/output path; a sparse layer that asks for one
+        # (flag 0) is an architecture this plugin does not implement.
+        no_index_value = sparse_cfg.get("sparse_disable_index_value")
+        if no_index_value is not None:
+            flags = _per_layer(no_index_value, num_layers, "sparse_disable_index_value", {0: False, 1: True})
+            for i, (sparse, disabled) in enumerate(zip(sparse_layers, flags)):
+                if sparse and not disabled:
+                    raise M3ConfigError(
+                        f"unsupported sparse_attention_config.sparse_disable_index_value[{i}]=0 on sparse layer {i}: "
+                        "sglang-m3 implements MSA without an index value path (supported: 1)"
+                    )
         msa = MSAConfig(
             index_heads=_req(sparse_cfg, "sparse_num_index_heads"),
             index_dim=_req(sparse_cfg, "sparse_index_dim"),

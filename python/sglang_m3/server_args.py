@@ -26,11 +26,34 @@ def m3_server_overrides(server_args: Any, hf_config: Any) -> dict:
             raise ValueError(f"--{field.replace('_', '-')}={value!r}: MiniMax-M3 runs on sglang-m3's 'm3_msa' backend")
     if server_args.tp_size != 1:
         raise ValueError(f"--tp-size={server_args.tp_size}: sglang-m3 serves MiniMax-M3 with tp_size=1 only (for now)")
+    _refuse_unsupported_features(server_args)
     check_kv_cache_dtype(server_args.kv_cache_dtype)
     declared = {"attention_backend": "m3_msa", "page_size": page_size}
     if server_args.speculative_algorithm is not None:
         declared.update(_speculative_overrides(server_args, cfg))
     return declared
+
+
+def _refuse_unsupported_features(server_args: Any) -> None:
+    """SGLang features M3 cannot run with stop start-up here rather than fail at run time."""
+    pp = server_args.pp_size
+    for flag, value, refused, why in (
+        ("pp-size", pp, pp != 1, "sglang-m3 does not split MiniMax-M3 into pipeline stages"),
+        (
+            "enable-dp-attention",
+            server_args.enable_dp_attention,
+            server_args.enable_dp_attention,
+            "sglang-m3's MSA backend does not run data-parallel attention",
+        ),
+        (
+            "enable-hierarchical-cache",
+            server_args.enable_hierarchical_cache,
+            server_args.enable_hierarchical_cache,
+            "sglang-m3's KV pool (hybrid formats, index-K, draft layers) has no host-memory tier",
+        ),
+    ):
+        if refused:
+            raise ValueError(f"--{flag}={value!r}: {why}")
 
 
 def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -61,28 +62,39 @@ def test_unknown_layer_type(tiny_gqa_text, tmp_path):
         _engine(bad)
 
 
-@pytest.mark.slow
-def test_launch_server_exits_with_the_message(tiny_vl, tmp_path):
-    bad = _variant(
-        tiny_vl, tmp_path / "bad", lambda c: c["text_config"]["sparse_attention_config"].update(sparse_score_type="lse")
-    )
+def _launch_server_output(model_path, *flags: str) -> str:
+    """``python -m sglang.launch_server`` on CPU, expected to fail at start-up; its output.
+
+    A subprocess, because a scheduler that fails while loading takes its parent process down
+    (SGLang kills the launching process tree)."""
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "sglang.launch_server",
             "--model-path",
-            str(bad),
+            str(model_path),
             "--device",
             "cpu",
+            "--dtype",
+            "float32",
             "--disable-cuda-graph",
+            *flags,
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode != 0
-    assert "sparse_score_type='lse'" in proc.stderr + proc.stdout
+    return proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_launch_server_exits_with_the_message(tiny_vl, tmp_path):
+    bad = _variant(
+        tiny_vl, tmp_path / "bad", lambda c: c["text_config"]["sparse_attention_config"].update(sparse_score_type="lse")
+    )
+    assert "sparse_score_type='lse'" in _launch_server_output(bad)
 
 
 @pytest.mark.parametrize(
@@ -108,3 +120,52 @@ def test_draft_with_a_foreign_head_dim(tiny_vl, tiny_draft, tmp_path):
     bad = _variant(tiny_draft, tmp_path / "draft", lambda c: c.update(head_dim=16))
     with pytest.raises(M3ConfigError, match="draft head_dim=16: must equal the target's 32"):
         _engine(tiny_vl, speculative_algorithm="EAGLE3", speculative_draft_model_path=str(bad))
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (dict(pp_size=2), "--pp-size=2"),
+        (dict(enable_dp_attention=True), "--enable-dp-attention=True"),
+        (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache=True"),
+    ],
+)
+def test_unsupported_parallel_and_cache_features(tiny_vl, flags, message):
+    with pytest.raises(ValueError, match=message):
+        _engine(tiny_vl, **flags)
+
+
+def _draft_with(tiny_draft, dst, edit_config=None, edit_tensors=None):
+    """A copy of the tiny draft with its config and/or tensors edited."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    for f in tiny_draft.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (dst / f.name).symlink_to(f)
+    config = json.loads((tiny_draft / "config.json").read_text())
+    (edit_config or (lambda c: None))(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    for f in tiny_draft.glob("*.safetensors"):
+        tensors = load_file(f)
+        (edit_tensors or (lambda t: None))(tensors)
+        save_file(tensors, dst / f.name, metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize(
+    "edit_config,edit_tensors,message",
+    [
+        (lambda c: c.update(intermediate_size=64), None, r"the config implies \(64, 64\) .*intermediate_size=64"),
+        (None, lambda t: t["d2t"].__setitem__(5, 10_000), r"d2t\[5\]=10000 maps draft id 5 to target id 10005"),
+    ],
+)
+@pytest.mark.slow
+def test_draft_tensors_that_do_not_fit_are_refused(tiny_vl, tiny_draft, tmp_path, edit_config, edit_tensors, message):
+    bad = _draft_with(tiny_draft, tmp_path / "draft", edit_config, edit_tensors)
+    out = _launch_server_output(
+        tiny_vl,
+        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(bad)),
+        *("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"),
+    )
+    assert re.search(message, out), out[-3000:]

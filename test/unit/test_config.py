@@ -135,6 +135,11 @@ def _draft_dir(tmp_path, **changes):
         num_key_value_heads=4,
         head_dim=128,
         num_hidden_layers=1,
+        intermediate_size=16384,
+        vocab_size=200064,
+        draft_vocab_size=32000,
+        rms_norm_eps=1e-6,
+        rope_theta=5e6,
         eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 57]},
     )
     d.update(changes)
@@ -158,6 +163,10 @@ def test_draft_config_reads_the_pool_geometry(tmp_path, released):
         (dict(architectures=["LlamaForCausalLM"]), "architectures[0]='LlamaForCausalLM'"),
         (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 60]}), "ids [60]"),
         (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),
+        (dict(vocab_size=32000, draft_vocab_size=None), "draft vocab_size=32000: must equal the target's 200064"),
+        (dict(draft_vocab_size=300000), "draft_vocab_size=300000 exceeds its vocab_size=200064"),
+        (dict(num_key_value_heads=0), "num_key_value_heads=0: must be a positive integer"),
+        (dict(intermediate_size=None), "'intermediate_size'"),
     ],
 )
 def test_draft_config_refusals_name_the_field(tmp_path, released, changes, field):
@@ -183,3 +192,80 @@ def test_draft_config_by_hub_id_reads_the_hub_cache(tmp_path, released, monkeypa
     assert (draft.num_layers, draft.num_kv_heads) == (1, 4)
     with pytest.raises(M3ConfigError, match=r"'acme/not-cached': not a local directory"):
         DraftConfig.from_path("acme/not-cached", M3Config.from_hf(released))
+
+
+def _text(released, **changes):
+    d = copy.deepcopy(released)
+    d["text_config"].update(changes)
+    return d
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(num_key_value_heads=0), "num_key_value_heads=0: must be a positive integer"),
+        (dict(num_attention_heads=-64), "num_attention_heads=-64: must be a positive integer"),
+        (dict(intermediate_size=0), "intermediate_size=0"),
+        (dict(num_experts_per_tok=129), "num_experts_per_tok=129 exceeds num_local_experts=128"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type='yarn'"),
+        (dict(rope_parameters={"rope_type": "llama3"}), "rope_parameters.rope_type='llama3'"),
+        (dict(partial_rotary_factor=1.5), "partial_rotary_factor=1.5"),
+    ],
+)
+def test_refusals_of_text_fields(released, changes, message):
+    with pytest.raises(M3ConfigError, match=message):
+        M3Config.from_hf(_text(released, **changes))
+
+
+def test_sparse_layer_with_an_index_value_path_is_refused(released):
+    flags = [0, 0, 0] + [1] * 57
+    flags[7] = 0
+    with pytest.raises(M3ConfigError, match=r"sparse_disable_index_value\[7\]=0 on sparse layer 7"):
+        M3Config.from_hf(_variant(released, sparse_disable_index_value=flags))
+    flags = [1] * 60  # dense layers may say either
+    assert M3Config.from_hf(_variant(released, sparse_disable_index_value=flags)).num_layers == 60
+
+
+def test_rotary_dims_follow_transformers_rule(released, caplog):
+    """transformers rotates head_dim x partial_rotary_factor (1.0 when absent) and ignores rotary_dim."""
+    from transformers.models.minimax_m3_vl import MiniMaxM3VLTextConfig
+
+    for changes, dims in [
+        (dict(), 64),  # released: rotary_dim 64 and factor 0.5 agree
+        (dict(partial_rotary_factor=None), 128),  # no factor anywhere: full rotation
+        (dict(partial_rotary_factor=None, rope_parameters={"rope_theta": 5e6, "partial_rotary_factor": 0.25}), 32),
+        (dict(partial_rotary_factor=None, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25}), 32),
+    ]:
+        text = {k: v for k, v in _text(released, **changes)["text_config"].items() if v is not None}
+        ours = M3Config.from_text_dict(text, "MiniMaxM3SparseForCausalLM")
+        hf = MiniMaxM3VLTextConfig(**copy.deepcopy(text))
+        hf_dims = int(hf.head_dim * hf.rope_parameters.get("partial_rotary_factor", 1.0))
+        assert ours.rotary_dim == hf_dims == dims, changes
+        assert M3Config.from_hf(hf).rotary_dim == dims
+    text = {k: v for k, v in _text(released, partial_rotary_factor=None)["text_config"].items() if v is not None}
+    with caplog.at_level("WARNING"):
+        M3Config.from_text_dict(dict(text, rms_norm_eps=1e-5), "MiniMaxM3SparseForCausalLM")  # a fresh parse
+    assert "rotary_dim=64 disagrees with head_dim=128 x partial_rotary_factor=1.0 = 128" in caplog.text
+
+
+def test_rope_theta_from_released_rope_scaling(released):
+    text = dict(released["text_config"], rope_scaling={"rope_type": "default", "rope_theta": 1e6})
+    del text["rope_theta"]
+    assert M3Config.from_text_dict(text, "MiniMaxM3SparseForCausalLM").rope_theta == 1e6
+
+
+def test_sizes_sglang_padded_on_cpu_read_the_originals(released):
+    """SGLang's CPU path pads intermediate sizes and head counts in the config, keeping original_*."""
+    padded = _text(
+        released,
+        intermediate_size=3104,
+        original_intermediate_size=3072,
+        num_attention_heads=72,
+        original_num_attention_heads=64,
+    )
+    cfg = M3Config.from_hf(padded)
+    assert (cfg.moe_intermediate_size, cfg.num_heads) == (3072, 64)
+
+
+def test_parse_is_cached(released):
+    assert M3Config.from_hf(copy.deepcopy(released)) is M3Config.from_hf(copy.deepcopy(released))

@@ -28,6 +28,7 @@ from sglang.srt.model_executor.forward_context import get_attn_backend
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
+from ..config import DraftConfig
 from .layers import PartialNeoxRope, RMSNorm
 
 DRAFT_ARCH = "SglangM3Eagle3Draft"
@@ -43,23 +44,21 @@ _STACKED = {
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, cfg: DraftConfig, layer_id: int):
         super().__init__()
-        H = config.hidden_size
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or H // self.heads
-        self.input_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
-        self.hidden_norm = RMSNorm(H, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
+        H = cfg.hidden_size
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.input_layernorm = RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, eps=cfg.rms_norm_eps)
         self.qkv_proj = QKVParallelLinear(2 * H, self.head_dim, self.heads, self.kv_heads, bias=False)
         self.o_proj = RowParallelLinear(self.heads * self.head_dim, H, bias=False)
-        theta = getattr(config, "rope_theta", None) or (config.rope_scaling or {})["rope_theta"]
-        self.rope = PartialNeoxRope(self.head_dim, theta)  # full rotary, NeoX pairing (Llama)
+        self.rope = PartialNeoxRope(self.head_dim, cfg.rope_theta)  # full rotary, NeoX pairing (Llama)
         self.attn = RadixAttention(
             self.heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.kv_heads, layer_id=layer_id
         )
-        self.gate_up_proj = MergedColumnParallelLinear(H, [config.intermediate_size] * 2, bias=False)
-        self.down_proj = RowParallelLinear(config.intermediate_size, H, bias=False)
+        self.gate_up_proj = MergedColumnParallelLinear(H, [cfg.intermediate_size] * 2, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, H, bias=False)
 
     def forward(self, positions, embeds, hidden, forward_batch):
         """``embeds``, ``hidden``: ``[T, H]``; returns (mlp output, residual) ``[T, H]`` each."""
@@ -80,17 +79,13 @@ class M3Eagle3Draft(nn.Module):
         super().__init__()
         if quant_config is not None:
             raise ValueError(f"EAGLE3 draft: quantization={quant_config.get_name()!r} is not supported")
-        if config.num_hidden_layers != 1:
-            raise ValueError(
-                f"EAGLE3 draft num_hidden_layers={config.num_hidden_layers}: sglang-m3 serves 1-layer drafts"
-            )
         self.config = config
-        H = config.hidden_size
-        self.draft_vocab_size = getattr(config, "draft_vocab_size", None) or config.vocab_size
-        ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
-        self.fc = nn.Linear((len(ids) if ids else 3) * H, H, bias=False)
-        self.layer = DraftLayer(config, layer_id=0)
-        self.norm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.cfg = cfg = DraftConfig.from_hf(config)
+        H = cfg.hidden_size
+        self.draft_vocab_size = cfg.draft_vocab_size
+        self.fc = nn.Linear(len(cfg.aux_layer_ids or (0, 0, 0)) * H, H, bias=False)
+        self.layer = DraftLayer(cfg, layer_id=0)
+        self.norm = RMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(self.draft_vocab_size, H)
         logits_config = copy.copy(config)
         logits_config.vocab_size = self.draft_vocab_size
@@ -120,7 +115,7 @@ class M3Eagle3Draft(nn.Module):
         for name, tensor in weights:
             name = name.removeprefix("model.").replace("midlayer.", "layer.").replace("layers.0.", "layer.")
             if name == "d2t":  # stored as target_id - draft_id
-                self.hot_token_id = tensor.long() + torch.arange(tensor.shape[0])
+                self.hot_token_id = self._hot_ids(tensor)
                 continue
             if name in ("t2d", "embed_tokens.weight"):  # unused: the target's embedding is shared
                 continue
@@ -134,9 +129,62 @@ class M3Eagle3Draft(nn.Module):
             if name not in params:
                 raise ValueError(f"EAGLE3 draft tensor {name!r} has no parameter in sglang-m3's draft")
             param = params[name]
+            _check_shape(name, tensor, shard, self.cfg)
             loader = getattr(param, "weight_loader", default_weight_loader)
             loader(param, tensor) if shard is None else loader(param, tensor, shard)
             loaded.add(name)
         missing = sorted(set(params) - loaded - {"embed"})
         if missing:
             raise ValueError(f"EAGLE3 draft checkpoint lacks {missing}")
+        if self.draft_vocab_size != self.cfg.vocab_size and self.hot_token_id is None:
+            raise ValueError(
+                f"EAGLE3 draft draft_vocab_size={self.draft_vocab_size} < vocab_size={self.cfg.vocab_size} "
+                "but the checkpoint has no d2t table mapping draft ids to target ids"
+            )
+
+    def _hot_ids(self, d2t: torch.Tensor) -> torch.Tensor:
+        """``d2t`` (target id - draft id per draft id) -> target ids ``[draft_vocab]``, range-checked here
+        rather than as a device assert at the first decode."""
+        if d2t.shape != (self.draft_vocab_size,):
+            raise ValueError(
+                f"EAGLE3 draft d2t has shape {tuple(d2t.shape)}: expected ({self.draft_vocab_size},) "
+                f"(draft_vocab_size={self.draft_vocab_size})"
+            )
+        ids = d2t.long() + torch.arange(d2t.shape[0])
+        bad = (ids < 0) | (ids >= self.cfg.vocab_size)
+        if bad.any():
+            first = int(bad.nonzero()[0])
+            raise ValueError(
+                f"EAGLE3 draft d2t[{first}]={int(d2t[first])} maps draft id {first} to target id {int(ids[first])}, "
+                f"outside the vocabulary [0, vocab_size={self.cfg.vocab_size})"
+            )
+        return ids
+
+
+def _checkpoint_shape(name: str, shard, cfg: DraftConfig) -> tuple[int, ...] | None:
+    """The whole (unsharded) shape the config implies for a checkpoint tensor, by our parameter name."""
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    if name == "layer.qkv_proj.weight":
+        return ({"q": q, "k": kv, "v": kv}[shard], 2 * H)
+    if name == "layer.gate_up_proj.weight":
+        return (I, H)
+    return {
+        "fc.weight": (H, len(cfg.aux_layer_ids or (0, 0, 0)) * H),
+        "layer.o_proj.weight": (H, q),
+        "layer.down_proj.weight": (H, I),
+        "lm_head.weight": (cfg.draft_vocab_size, H),
+    }.get(name, (H,) if name.endswith("norm.weight") else None)
+
+
+def _check_shape(name: str, tensor: torch.Tensor, shard, cfg: DraftConfig) -> None:
+    """A checkpoint tensor whose shape does not fit the config is refused naming both, not left to
+    a loader assertion."""
+    want = _checkpoint_shape(name, shard, cfg)
+    if want is not None and tuple(tensor.shape) != want:
+        raise ValueError(
+            f"EAGLE3 draft tensor {name!r} has shape {tuple(tensor.shape)}, the config implies {want} "
+            f"(hidden_size={cfg.hidden_size}, intermediate_size={cfg.intermediate_size}, "
+            f"num_attention_heads={cfg.num_heads}, num_key_value_heads={cfg.num_kv_heads}, head_dim={cfg.head_dim}, "
+            f"draft_vocab_size={cfg.draft_vocab_size})"
+        )

@@ -46,4 +46,17 @@ TINY_CONFIGS: dict[str, dict] = {
     "m3-tiny": dict(_BASE, num_key_value_heads=1, num_hidden_layers=4, layers=[0, 1, 1, 1], moe=[0, 1, 1, 1], msa=_MSA),
     # Two KV groups: per-group selection differs from 5.12.1's shared one.
     "m3-tiny-gqa": dict(_BASE, num_key_value_heads=2, num_hidden_layers=3, layers=[0, 1, 1], moe=[0, 0, 1], msa=_MSA),
+    # Widths SGLang's CPU path pads (MoE 48 -> 64, kept as original_intermediate_size): loads the
+    # checkpoint's unpadded tensors (issue: padded widths on CPU).
+    "m3-tiny-w48": dict(
+        _BASE,
+        hidden_size=96,
+        intermediate_size=48,
+        dense_intermediate_size=128,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        layers=[0, 1],
+        moe=[0, 1],
+        msa=_MSA,
+    ),
 }
