@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from sglang_m3.config import M3Config, M3ConfigError, check_page_size
 
-RELEASED = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimax-m3" / "config.json"
+RELEASED = Path(__file__).resolve().parents[2] / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json"
 
 
 @pytest.fixture(scope="module")
 def released() -> dict:
     if not RELEASED.exists():
-        pytest.fail(f"released config missing at {RELEASED} (shared/ must sit beside the repo)")
+        pytest.fail(f"released config missing at {RELEASED}")
     return json.loads(RELEASED.read_text())
 
 

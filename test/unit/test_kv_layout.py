@@ -12,7 +12,7 @@ from sglang_m3.mem.kv_pool import M3KVPool
 from sglang_m3.mem.layout import bytes_per_token, layout_for
 from sglang_m3_kernels.kv_quant import nvfp4_dequantize_ref, nvfp4_quantize_ref
 
-RELEASED = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimax-m3" / "config.json"
+RELEASED = Path(__file__).resolve().parents[2] / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json"
 
 
 @pytest.fixture(scope="module")
