@@ -1,7 +1,22 @@
 """The one seam between sglang-m3 and SGLang (entry point ``sglang.srt.plugins: m3``).
 
 ``register()`` runs in every SGLang process (launcher, Engine, scheduler,
-detokenizer) and is idempotent. Registries changed directly:
+detokenizer) and is idempotent: it registers once and checks on every call.
+Every SGLang name used here (hook targets, private registries) is declared in
+``sglang_compat.py``, beside the SGLang version this plugin was written for.
+
+Start-up stops with ``SystemExit`` (SGLang's plugin loader logs and swallows an
+``Exception`` from ``register()`` and from hooks that fail to apply, then serves
+M3 through its own code) when:
+
+* the installed SGLang is not ``sglang_compat.PINNED_SGLANG`` (0.5.17).
+  ``SGLANG_M3_ALLOW_SGLANG_VERSION=1`` allows another version at the user's risk;
+  every hook must still apply;
+* a hook below did not apply (its target does not resolve or was not patched);
+* the M3 architecture names do not resolve to our model afterwards;
+* anything else in ``register()`` raises (the message names the error).
+
+Registries changed directly:
 
 * ``ModelRegistry.models``: both released M3 architecture names -> our model;
   a private name for our EAGLE3 draft class (the chain worker selects it).
@@ -28,12 +43,6 @@ architecture name inside these functions):
 * ``SpeculativeAlgorithm.create_worker`` (AROUND): ``EAGLE3`` is a reserved
   built-in name; for M3 targets it builds our chain worker
   (``spec/worker.py``), so users keep the standard flags.
-* ``PagedTokenToKVPoolAllocator.alloc_extend/alloc_decode``,
-  ``mem_cache.allocation.get_last_loc`` / ``assign_req_to_token_pool_func``
-  (speculative slot reservation) and ``utils.common.support_triton``
-  (AROUND): torch paths on CPU, where SGLang's Triton bookkeeping kernels cannot
-  run; SGLang picks them by attention-backend name, and only ``torch_native`` /
-  ``intel_amx`` are known to it as Triton-free.
 * ``ServerArgs._handle_kv4_compatibility`` (AROUND): SGLang allows
   ``--kv-cache-dtype nvfp4`` only on Blackwell with its own backends; for M3 it
   selects our hybrid layout, whose NVFP4 pages are dequantised inside our kernels
@@ -51,99 +60,101 @@ architecture name inside these functions):
   would load an image processor; its only opt-out list is local to __init__.
   The vision sub-config is dropped too: SGLang's M3 config leaves it a raw dict,
   which its CPU TP adjustment (``adjust_config_with_unaligned_cpu_tp``) trips on.
+
+Without CUDA only (``cpu_hooks.py``, AROUND): ``PagedTokenToKVPoolAllocator.
+alloc_extend`` / ``alloc_decode``, ``mem_cache.allocation.get_last_loc`` /
+``assign_req_to_token_pool_func`` (speculative slot reservation) and
+``utils.common.support_triton``: torch paths where SGLang's Triton bookkeeping
+kernels cannot run; SGLang picks them by attention-backend name, and only
+``torch_native`` / ``intel_amx`` are known to it as Triton-free.
 """
 
 from __future__ import annotations
 
 import logging
 
+from . import sglang_compat as compat
 from .config import M3_ARCHITECTURES, M3Config, is_m3_config
+from .sglang_compat import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "m3_msa"
+__all__ = ["BACKEND_NAME", "register"]
+
 _registered = False
 
 
 def register() -> None:
+    """Register M3 with SGLang once per process, then check that it took (``SystemExit`` otherwise)."""
+    try:
+        _register()
+    except SystemExit:
+        raise
+    except Exception as exc:  # SGLang's loader would log this and serve M3 through its own code
+        logger.exception("sglang-m3: registration failed")
+        raise SystemExit(f"sglang-m3: registration with SGLang failed: {exc!r} (traceback above)") from exc
+
+
+def _register() -> None:
     global _registered
-    if _registered:
-        return
-    from sglang.srt.arg_groups import overrides
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-    from sglang.srt.models.registry import ModelRegistry
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    from sglang.srt.server_args import (
-        ATTENTION_BACKEND_CHOICES,
-        add_attention_backend_choices,
-    )
+    compat.check_sglang_version()
+    HookRegistry, _ = compat.hook_registry()
+    hooks = _hooks()
+    if not _registered:
+        from .model.eagle3 import DRAFT_ARCH, M3Eagle3Draft
+        from .model.minimax_m3 import EntryClass
+        from .server_args import m3_server_overrides
 
-    from .model.eagle3 import DRAFT_ARCH, M3Eagle3Draft
-    from .model.minimax_m3 import EntryClass
-    from .server_args import m3_server_overrides
-
-    ModelRegistry.models.update({cls.__name__: cls for cls in EntryClass})
-    ModelRegistry.models[DRAFT_ARCH] = M3Eagle3Draft
-    ATTENTION_BACKENDS[BACKEND_NAME] = _create_backend
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
-    for arch in M3_ARCHITECTURES:
-        overrides._MODEL_OVERRIDE_FNS[arch] = [m3_server_overrides]
-
-    hooks = [
-        ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper", _keep_m3_backend, HookType.AROUND),
-        (
-            "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_minimax_sparse_kv_pool",
-            _build_kv_pool,
-            HookType.REPLACE,
-        ),
-        (
-            "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
-            _cell_size,
-            HookType.AROUND,
-        ),
-        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", _draft_term, HookType.AFTER),
-        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._init_pools", _draft_pools, HookType.AROUND),
-        ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _spec_worker, HookType.AROUND),
-        (
-            "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend",
-            _alloc_extend,
-            HookType.AROUND,
-        ),
-        (
-            "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode",
-            _alloc_decode,
-            HookType.AROUND,
-        ),
-        ("sglang.srt.mem_cache.allocation.get_last_loc", _get_last_loc, HookType.AROUND),
-        ("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", _assign_req_to_token, HookType.AROUND),
-        ("sglang.srt.utils.common.support_triton", _support_triton, HookType.AROUND),
-        ("sglang.srt.server_args.ServerArgs._handle_kv4_compatibility", _kv4_check, HookType.AROUND),
-        ("sglang.srt.server_args.ServerArgs._apply_cuda_graph_compatibility", _decode_graphs_only, HookType.AROUND),
-        ("sglang.srt.configs.model_config.ModelConfig.__init__", _text_only, HookType.AFTER),
-        (
-            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-            _admit_speculative,
-            HookType.BEFORE,
-        ),
-    ]
-    for target, hook, kind in hooks:
-        HookRegistry.register(target, hook, kind)
-    _registered = True
+        models = compat.model_registry().models
+        models.update({cls.__name__: cls for cls in EntryClass})
+        models[DRAFT_ARCH] = M3Eagle3Draft
+        compat.attention_backends()[BACKEND_NAME] = _create_backend
+        compat.add_attention_backend_choice(BACKEND_NAME)
+        override_fns = compat.model_override_fns()
+        for arch in M3_ARCHITECTURES:
+            override_fns[arch] = [m3_server_overrides]
+        for target, hook, kind in hooks:
+            HookRegistry.register(target, hook, kind)
+        _registered = True
     # load_plugins() applies hooks after all plugins ran; applying here too makes a
     # direct register() call (tests, scripts) complete. It is idempotent.
     HookRegistry.apply_hooks()
-    _check_registered(ModelRegistry)
+    compat.check_hooks_applied(hooks, HookRegistry)
+    _check_registered(compat.model_registry())
+
+
+def _hooks() -> list:
+    """``(target, hook, HookType)`` for every hook, in the module docstring's order."""
+    import torch
+
+    _, HookType = compat.hook_registry()
+    hooks = [
+        (compat.ATTN_BACKEND_WRAPPER, _keep_m3_backend, HookType.AROUND),
+        (compat.BUILD_MINIMAX_SPARSE_KV_POOL, _build_kv_pool, HookType.REPLACE),
+        (compat.COMPUTE_CELL_SIZE, _cell_size, HookType.AROUND),
+        (compat.POOL_CONFIGURATOR_INIT, _draft_term, HookType.AFTER),
+        (compat.INIT_POOLS, _draft_pools, HookType.AROUND),
+        (compat.CREATE_SPEC_WORKER, _spec_worker, HookType.AROUND),
+        (compat.HANDLE_KV4_COMPATIBILITY, _kv4_check, HookType.AROUND),
+        (compat.APPLY_CUDA_GRAPH_COMPATIBILITY, _decode_graphs_only, HookType.AROUND),
+        (compat.VALIDATE_ONE_REQUEST, _admit_speculative, HookType.BEFORE),
+        (compat.MODEL_CONFIG_INIT, _text_only, HookType.AFTER),
+    ]
+    if not torch.cuda.is_available():
+        from . import cpu_hooks
+
+        hooks += cpu_hooks.hooks(HookType)
+    return hooks
 
 
 def _check_registered(registry) -> None:
-    """Fail loudly if another plugin took the M3 names: SGLang would silently fall back."""
+    """Stop if another plugin took the M3 names: SGLang would silently fall back."""
     from .model.minimax_m3 import MiniMaxM3ForCausalLM
 
     for arch in M3_ARCHITECTURES:
         cls = registry.models.get(arch)
         if not (isinstance(cls, type) and issubclass(cls, MiniMaxM3ForCausalLM)):
-            raise RuntimeError(f"sglang-m3: architecture {arch} resolves to {cls!r}, not sglang-m3's model")
+            raise SystemExit(f"sglang-m3: architecture {arch} resolves to {cls!r}, not sglang-m3's model")
 
 
 def _create_backend(runner):
@@ -199,9 +210,7 @@ def _draft_pools(original, self, *, sizes, req_to_token_pool, token_to_kv_pool_a
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
-    from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
-
-    return _InitializedPools(
+    return compat.initialized_pools(
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool=target_pool.draft_view(),
         token_to_kv_pool_allocator=token_to_kv_pool_allocator,
@@ -216,52 +225,11 @@ def _spec_worker(original, self, server_args):
     return M3Eagle3Worker
 
 
-def _alloc_extend(original, self, *args, **kwargs):
-    if str(self.device) != "cpu":
-        return original(self, *args, **kwargs)
-    from .mem.cpu_alloc import alloc_extend_cpu
-
-    return alloc_extend_cpu(self, *args, **kwargs)
-
-
-def _alloc_decode(original, self, *args, **kwargs):
-    if str(self.device) != "cpu":
-        return original(self, *args, **kwargs)
-    from .mem.cpu_alloc import alloc_decode_cpu
-
-    return alloc_decode_cpu(self, *args, **kwargs)
-
-
-def _get_last_loc(original, req_to_token, req_pool_indices, prefix_lens):
-    if req_to_token.device.type != "cpu":
-        return original(req_to_token, req_pool_indices, prefix_lens)
-    from sglang.srt.mem_cache.allocation import get_last_loc_torch
-
-    return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
-
-
-def _assign_req_to_token(original, req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
-    if req_to_token.device.type != "cpu":
-        return original(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)
-    from .mem.cpu_alloc import assign_req_to_token_cpu
-
-    assign_req_to_token_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc)
-
-
-def _support_triton(original, backend):
-    import torch
-
-    if backend == BACKEND_NAME and not torch.cuda.is_available():
-        return False
-    return original(backend)
-
-
 def _decode_graphs_only(original, self):
     original(self)
     if not is_m3_config(self.get_model_config().hf_config):
         return
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
-
+    Backend, Phase = compat.cuda_graph_enums()
     if self.cuda_graph_config.prefill.backend == Backend.DISABLED:
         return
     if (Phase.PREFILL, "backend") in self._cuda_graph_config_locked:

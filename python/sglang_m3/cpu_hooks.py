@@ -1,0 +1,69 @@
+"""Torch paths for SGLang's Triton bookkeeping kernels, registered only without CUDA.
+
+With ``page_size > 1`` SGLang's paged allocator and its speculative slot reservation
+launch Triton kernels, which cannot run without a GPU ("0 active drivers"; DESIGN
+section 2). SGLang picks the Triton-free paths by attention-backend name, and only
+``torch_native`` / ``intel_amx`` are known to it as Triton-free. Each hook keeps
+SGLang's function for tensors that are not on the CPU. ``plugin.register()`` registers
+these (AROUND) only when ``torch.cuda.is_available()`` is False:
+
+* ``PagedTokenToKVPoolAllocator.alloc_extend`` -> ``mem.cpu_alloc.alloc_extend_cpu``
+  (SGLang's own ``alloc_extend_naive``, which its NPU allocator uses);
+* ``PagedTokenToKVPoolAllocator.alloc_decode`` -> ``mem.cpu_alloc.alloc_decode_cpu``;
+* ``mem_cache.allocation.get_last_loc`` -> SGLang's ``get_last_loc_torch``;
+* ``mem_cache.allocation.assign_req_to_token_pool_func`` -> ``mem.cpu_alloc.assign_req_to_token_cpu``;
+* ``utils.common.support_triton``: False for ``m3_msa`` (so SGLang takes its torch paths elsewhere).
+"""
+
+from __future__ import annotations
+
+from . import sglang_compat as compat
+
+
+def hooks(hook_type) -> list:
+    """``(target, hook, kind)`` for ``HookRegistry.register``; ``hook_type`` is SGLang's ``HookType``."""
+    return [
+        (compat.PAGED_ALLOC_EXTEND, alloc_extend, hook_type.AROUND),
+        (compat.PAGED_ALLOC_DECODE, alloc_decode, hook_type.AROUND),
+        (compat.GET_LAST_LOC, get_last_loc, hook_type.AROUND),
+        (compat.ASSIGN_REQ_TO_TOKEN_POOL, assign_req_to_token, hook_type.AROUND),
+        (compat.SUPPORT_TRITON, support_triton, hook_type.AROUND),
+    ]
+
+
+def alloc_extend(original, self, *args, **kwargs):
+    if str(self.device) != "cpu":
+        return original(self, *args, **kwargs)
+    from .mem.cpu_alloc import alloc_extend_cpu
+
+    return alloc_extend_cpu(self, *args, **kwargs)
+
+
+def alloc_decode(original, self, *args, **kwargs):
+    if str(self.device) != "cpu":
+        return original(self, *args, **kwargs)
+    from .mem.cpu_alloc import alloc_decode_cpu
+
+    return alloc_decode_cpu(self, *args, **kwargs)
+
+
+def get_last_loc(original, req_to_token, req_pool_indices, prefix_lens):
+    if req_to_token.device.type != "cpu":
+        return original(req_to_token, req_pool_indices, prefix_lens)
+    return compat.get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+
+
+def assign_req_to_token(original, req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
+    if req_to_token.device.type != "cpu":
+        return original(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)
+    from .mem.cpu_alloc import assign_req_to_token_cpu
+
+    assign_req_to_token_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc)
+
+
+def support_triton(original, backend):
+    import torch
+
+    if backend == compat.BACKEND_NAME and not torch.cuda.is_available():
+        return False
+    return original(backend)
