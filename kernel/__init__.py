@@ -2,6 +2,9 @@
 
 Modules: ``paged`` (page-table addressing contract), ``kv_quant`` (FP8 / NVFP4 references and
 the fused quantise-and-store ``kv_store``), ``msa_index_topk`` (indexer block scores + top-k:
-``msa_topk_ref`` / ``msa_topk``), ``msa_sparse_attn`` (block-sparse or dense paged GQA
-attention: ``msa_attention_ref`` / ``msa_attention``). Timings: ``benchmarks/kernels.md``.
+``msa_topk_ref`` / ``msa_topk``, knobs in ``TopkSettings``), ``msa_sparse_attn`` (block-sparse
+or dense paged GQA attention: ``msa_attention_ref`` / ``msa_attention``, knobs in
+``AttentionSettings``). The Triton bodies of the last two are in ``*_triton.py`` beside them;
+``pdl`` holds the programmatic-dependent-launch helpers both use. Timings:
+``benchmarks/kernels.md``; tuning conclusions: ``docs/perf-notes.md``.
 """

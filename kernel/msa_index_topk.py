@@ -18,16 +18,68 @@ TensorRT-LLM implement; transformers 5.12.1 shares one selection across heads
 
 Cache layout: see ``paged.py``. ``index_k_cache`` is ``[slots, index_dim]``
 (one shared index-K head); quantised pools pass their dequantised view here.
+
+The Triton bodies are in ``msa_index_topk_triton.py`` (algorithm notes there); this module
+holds the references, the launcher with its input checks, and its tuning knobs
+(:class:`TopkSettings`).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from .paged import request_slots, rows_by_request
+from .msa_index_topk_triton import _block_score_kernel, _topk_select_kernel
+from .paged import counters, request_slots, rows_by_request, sm_count
+from .pdl import use_pdl
+
+
+@dataclass(frozen=True)
+class TopkSettings:
+    """Launch choices of :func:`msa_topk`. Any value gives the same block ids.
+
+    The defaults are the fastest found on an H200 for the TP4 per-GPU shape (1 index head, head
+    dim 128, block 128, top-16); ``docs/perf-notes.md`` says what else was tried.
+    """
+
+    # Score grid: each request's pages are cut into chunks, one program per (row tile, chunk).
+    # The pages per program (at most score_most_pages) minimise waves x (pages + 1), a wave
+    # being SM count x score_slots resident programs (+1: a program's start-up costs about one
+    # page), so the programs come in whole waves. 4 programs fit an SM (90-114 registers, 37 KB
+    # of shared memory on sm_90); assuming 2, 3 or 6 was slower or even.
+    score_slots: int = 4
+    score_most_pages: int = 32
+    # pipeline stages of the score loop (num_stages - 1 index-K pages in flight per program):
+    # a bf16 / fp16 / fp32 index-K page (32 KB) fills the SM's memory pipe with one in flight;
+    # FP8 pages (16 KB) take two
+    score_stages: int = 2
+    score_stages_fp8: int = 3
+    score_warps: int = 4  # warps per score program; 8 was up to 2x slower at batch 64 (occupancy)
+    # Fuse the top-k selection into the score kernel when there are at most this many query
+    # rows and a tile's keys ((row, head) pairs x blocks, padded to powers of two) fit
+    # fuse_select_max_keys, one in-register sort; 0 rows turns fusion off. Fusion pays for
+    # decode (one-row tiles) and loses once one program sorts several thousand keys (they spill
+    # from 4 warps' registers)
+    fuse_select_max_rows: int = 64
+    fuse_select_max_keys: int = 1024
+    # In-register top-k of rows of at least this many keys as TOPK rounds of (row max, knock it
+    # out) instead of the bitonic tl.topk, whose merge passes exchange every key across threads.
+    # Each round is a block-wide reduction (~0.2 us), so the rounds win only on the longest rows
+    select_argmax_min_keys: int = 2048
+
+    def __post_init__(self):
+        for name in ("score_slots", "score_most_pages", "score_stages", "score_stages_fp8", "score_warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TopkSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.score_warps & (self.score_warps - 1):
+            raise ValueError(f"TopkSettings.score_warps must be a power of two, got {self.score_warps}")
+
+
+DEFAULT_SETTINGS = TopkSettings()
 
 
 def msa_block_scores_ref(
@@ -135,359 +187,6 @@ def msa_topk_shared_ref(
     return out
 
 
-# ============================================================================ Triton kernels
-# One launch for decode, two for verify / prefill; CUDA-graph safe (grids from tensor
-# shapes only, no host sync):
-#
-# 1. ``_block_score_kernel``: grid (row tiles, page chunks). A tile is BLOCK_R consecutive
-#    query rows; the rows of one request inside a tile form a *segment* that reads each
-#    index-K page of that request ONCE and scores it for all its rows and heads with one
-#    ``tl.dot`` ([BLOCK_R * H, D] x [D, block]); a tile spanning several requests loops over
-#    its segments. Verify (1 + K rows per request) and prefill thus scan the history once
-#    per tile instead of once per row. Output: causal block max ``[R, H, max_pages]`` fp32;
-#    columns past a row's own block are never written and never read.
-# 2. Selection: force the local blocks to +inf and extract the top-k under the total order
-#    (score desc, block asc), so the result equals ``msa_topk_ref`` slot for slot;
-#    exhausted slots (-inf) are -1. Rows of up to 4096 blocks (512K tokens at block 128)
-#    take one in-register top-k on packed (score, block) int64 keys (bitonic, or rounds of
-#    arg-max for the longest rows).
-#    * fused (<= 64 rows and <= 1024 (row, head, block) keys per tile: decode up to 128K,
-#      verify tiles of 4 rows up to 32K): every score program takes a ticket on
-#      its tile's counter after writing its block maxima; the program that draws the last
-#      ticket selects for all rows x heads of the tile (one 2-D top-k) and resets the
-#      counter to 0 for the next launch. Saves the second launch.
-#    * else ``_topk_select_kernel``: grid (R, H); rows longer than 4096 blocks stream in
-#      chunks with one arg-max sweep per slot.
-# Programmatic dependent launch as in ``msa_sparse_attn`` (``_PDL``).
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from .msa_sparse_attn import _gdc_launch_dependents, _gdc_wait, _use_pdl  # noqa: E402
-from .paged import counters, sm_count  # noqa: E402
-
-# Score-kernel grid: each request's pages are cut into chunks of `pages` pages, one program
-# per (row tile, chunk). `pages` (at most _SCORE_MOST_PAGES) minimises waves x (pages + 1), a
-# wave being SM count x _SCORE_SLOTS resident programs (+1: a program's start-up costs about
-# one page), so the programs come in whole waves; 4 programs fit an SM (90-114 registers,
-# 37 KB of shared memory, compiled for sm_90). H200, run 10 (benchmarks/NOTES.md): against
-# the earlier rule (power-of-two pages <= 8 once the grid had >= 512 programs) the bf16
-# batch 8 x 128K indexer went 84 -> 81 us. A program loads its chunk's page ids once, before
-# its loop, so the loads of its index-K pages depend on no other load and Triton's pipeliner
-# can keep num_stages - 1 of them in flight. Stages (bf16/fp32, FP8 index-K): one page in
-# flight per program (2) was best for bf16 (its 32 KB pages fill the SM's memory pipe with 4
-# programs; 3-5 stages lost 0.5-6 us); FP8's 16 KB pages take two in flight (3): batch 64 x
-# 128K 294 -> 263 us, batch 8 x 128K 54 -> 52 (run 13), which also beat the FMA row kernel
-# used for FP8 decode rows until then (267-299 us there, 61 at batch 8; slower only at batch
-# 1 x 128K, 17.4 vs 15.9). Pages read in 2 or 4 row slices (fewer registers, so 5-6 programs
-# per SM), 2-4 stages: never more than noise ahead, up to 30 % behind (runs 26-27).
-_SCORE_SLOTS = 4
-_SCORE_MOST_PAGES = 32
-_SCORE_STAGES = {False: 2, True: 3}  # keyed by "index-K cache is FP8"; sweep knob
-_SCORE_WARPS = 4  # warps per score program (sweep knob)
-# Fuse the top-k selection into the score kernel when there are at most this many query
-# rows and a tile's keys ((row, head) pairs x blocks) fit _FUSE_SELECT_MAX_KEYS, one
-# in-register sort; 0 turns fusion off. On the H200 (run6) fusion paid for one row per tile
-# (decode: ~1.5 us at 32K, ~3.5 us at 128K = 1024 keys, about even at 8K; batch 64 FP8 304
-# vs 338 us) and lost for verify tiles of 4 rows x 1024 blocks (+30 us at 128K: 4096 int64
-# keys spill from 4 warps' registers). Sweep knobs.
-_FUSE_SELECT_MAX_ROWS = 64
-_FUSE_SELECT_MAX_KEYS = 1024
-# In-register top-k of rows of at least this many keys as TOPK rounds of (row max, knock it
-# out) instead of Triton's bitonic tl.topk, whose merge passes exchange every key across
-# threads. H200, run 23 (benchmarks/NOTES.md): at 4096 keys (512K tokens, the select launch)
-# the rounds took 1.5-3 us off the indexer (bf16 batch 1: 57.1 -> 54.5 us); at 64-1024 keys they
-# lost up to 3 us (each round is a block-wide reduction, ~0.2 us). Sweep knob.
-_SELECT_ARGMAX_MIN_KEYS = 2048
-
-
-@triton.jit
-def _select_rows(
-    score_ptr,
-    out_ptr,
-    row,
-    head,
-    pos,
-    ok,
-    stride_sr,
-    stride_sh,
-    stride_or,
-    stride_oh,
-    BS: tl.constexpr,
-    TOPK: tl.constexpr,
-    LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr,
-    K2: tl.constexpr,
-    ARGMAX: tl.constexpr,
-):
-    """Top-k of ``M`` (row, head) score rows at once (``row``/``head``/``pos``/``ok``: ``[M]``).
-
-    key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys are
-    (score desc, block asc), exactly the reference order, and distinct. Absent blocks get -1.
-    ARGMAX: TOPK rounds of (row max, knock it out) instead of the bitonic ``tl.topk``.
-    """
-    b = tl.arange(0, CHUNK)[None, :]
-    q_blk = (pos // BS)[:, None]
-    nb = q_blk + 1  # blocks 0..q_blk exist for this row
-    r64 = row.to(tl.int64)[:, None]
-    # .cg: the block maxima were written by other programs (other SMs): read them from L2
-    s = tl.load(
-        score_ptr + r64 * stride_sr + head[:, None] * stride_sh + b,
-        mask=ok[:, None] & (b < nb),
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
-    bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
-    ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
-    key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
-    t = tl.arange(0, K2)[None, :]
-    if ARGMAX:
-        best = tl.max(key, axis=1)[:, None]
-        top = tl.where(t == 0, best, -1)
-        for i in tl.static_range(1, TOPK):
-            key = tl.where(key == best, -1, key)  # keys are distinct: knocks out exactly one
-            best = tl.max(key, axis=1)[:, None]
-            top = tl.where(t == i, best, top)
-    else:
-        top = tl.topk(key, K2)  # [M, K2], descending
-    blk = 2147483647 - (top & 2147483647)
-    # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
-    blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
-    tl.store(out_ptr + r64 * stride_or + head[:, None] * stride_oh + t, blk.to(tl.int32), mask=ok[:, None] & (t < TOPK))
-
-
-@triton.jit
-def _fused_select(
-    cnt_ptr,
-    tile,
-    score_ptr,
-    out_ptr,
-    row_pos_ptr,
-    R,
-    stride_sr,
-    stride_sh,
-    stride_or,
-    stride_oh,
-    H: tl.constexpr,
-    BS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    SEL_M: tl.constexpr,
-    TOPK: tl.constexpr,
-    LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr,
-    K2: tl.constexpr,
-    ARGMAX: tl.constexpr,
-):
-    """Called by every score program of ``tile`` once its maxima are stored; the last one selects."""
-    tl.debug_barrier()  # every thread's score stores precede the release below
-    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if ticket == tl.num_programs(1) - 1:
-        ms = tl.arange(0, SEL_M)
-        row = tile * BLOCK_R + ms // H
-        ok = (ms < BLOCK_R * H) & (row < R)
-        pos = tl.load(row_pos_ptr + row, mask=ok, other=0).to(tl.int64)
-        _select_rows(
-            score_ptr,
-            out_ptr,
-            row,
-            ms % H,
-            pos,
-            ok,
-            stride_sr,
-            stride_sh,
-            stride_or,
-            stride_oh,
-            BS,
-            TOPK,
-            LOCAL,
-            CHUNK,
-            K2,
-            ARGMAX,
-        )
-        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero for the next launch
-
-
-@triton.jit
-def _block_score_kernel(
-    q_ptr,
-    k_ptr,
-    pt_ptr,
-    row_req_ptr,
-    row_pos_ptr,
-    score_ptr,
-    out_ptr,
-    cnt_ptr,
-    k_scale,
-    R,
-    pages,
-    stride_qr,
-    stride_qh,
-    stride_kt,
-    stride_ptr,
-    stride_sr,
-    stride_sh,
-    stride_or,
-    stride_oh,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    MOST: tl.constexpr,
-    Q_FP32: tl.constexpr,
-    K_FP8: tl.constexpr,
-    FUSE: tl.constexpr,
-    SEL_M: tl.constexpr,
-    TOPK: tl.constexpr,
-    LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr,
-    K2: tl.constexpr,
-    PDL: tl.constexpr,
-    ARGMAX: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    first_page = tl.program_id(1) * pages
-    # -- rows of this tile: m -> (row = tile * BLOCK_R + m // H, head = m % H) ----------
-    m = tl.arange(0, BLOCK_M)
-    row = tile * BLOCK_R + m // H
-    head = m % H
-    row_ok = (m < BLOCK_R * H) & (row < R)
-    d = tl.arange(0, D)
-    j = tl.arange(0, BS)
-    pp = tl.arange(0, MOST)
-    _gdc_wait(PDL)  # everything below may read what the previous kernel wrote
-    req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
-    pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
-    q = tl.load(
-        q_ptr + row[:, None].to(tl.int64) * stride_qr + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
-    # dot dtype: fp32 (IEEE) for fp32 q; fp16 for an FP8 cache (sm_90 widens e4m3x2 ->
-    # f16x2 in one instruction, but has no direct e4m3 -> bf16; normed q converts to fp16
-    # exactly); bf16 for a bf16 cache
-    CDT: tl.constexpr = tl.float32 if Q_FP32 else (tl.float16 if K_FP8 else tl.bfloat16)
-    q = q.to(CDT)
-    done = ~row_ok
-    # -- one segment (= one request) per trip; usually a single trip --------------------
-    while tl.sum((~done).to(tl.int32)) > 0:
-        leader = tl.min(tl.where(done, 9223372036854775807, req))
-        seg = (req == leader) & ~done
-        last_blk = tl.max(tl.where(seg, pos, -1)) // BS
-        # pages of this chunk up to the segment's last block; their ids, loaded up front
-        n = tl.minimum(pages, last_blk + 1 - first_page).to(tl.int32)
-        pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp, mask=pp < n, other=0)
-        for i in range(0, n):
-            b = first_page + i
-            page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
-            # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 --------------
-            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
-            if Q_FP32:
-                s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BS]
-            else:
-                s = tl.dot(q, tl.trans(kt))
-            # -- token-causal mask, then block max-pool ----------------------------------
-            s = tl.where((b * BS + j)[None, :] <= pos[:, None], s, float("-inf"))
-            bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
-            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg)
-        done = done | seg
-    _gdc_launch_dependents(PDL)
-    if FUSE:
-        _fused_select(
-            cnt_ptr,
-            tile,
-            score_ptr,
-            out_ptr,
-            row_pos_ptr,
-            R,
-            stride_sr,
-            stride_sh,
-            stride_or,
-            stride_oh,
-            H,
-            BS,
-            BLOCK_R,
-            SEL_M,
-            TOPK,
-            LOCAL,
-            CHUNK,
-            K2,
-            ARGMAX,
-        )
-
-
-@triton.jit
-def _topk_select_kernel(
-    score_ptr,
-    row_pos_ptr,
-    out_ptr,
-    stride_sr,
-    stride_sh,
-    stride_or,
-    stride_oh,
-    BS: tl.constexpr,
-    TOPK: tl.constexpr,
-    LOCAL: tl.constexpr,
-    CHUNK: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
-    K2: tl.constexpr,
-    PDL: tl.constexpr = False,
-    ARGMAX: tl.constexpr = False,
-):
-    r = tl.program_id(0)
-    h = tl.program_id(1)
-    _gdc_wait(PDL)
-    pos = tl.load(row_pos_ptr + r).to(tl.int64)
-    q_blk = pos // BS
-    nb = q_blk + 1  # blocks 0..q_blk exist for this row
-    s_row = score_ptr + r.to(tl.int64) * stride_sr + h * stride_sh
-    o_row = out_ptr + r.to(tl.int64) * stride_or + h * stride_oh
-    BIG: tl.constexpr = 2147483647
-    prev_s = float("inf")
-    prev_b = -1
-    if NUM_CHUNKS == 1:
-        # -- whole row in registers: one top-k (see _select_rows) -------------------------
-        one = tl.full([1], 0, tl.int32)
-        _select_rows(
-            score_ptr,
-            out_ptr,
-            one + r,
-            one + h,
-            one.to(tl.int64) + pos,
-            one == 0,
-            stride_sr,
-            stride_sh,
-            stride_or,
-            stride_oh,
-            BS,
-            TOPK,
-            LOCAL,
-            CHUNK,
-            K2,
-            ARGMAX,
-        )
-    else:
-        # -- long rows: the same sweeps, streaming the row chunk by chunk (L2 resident) --
-        for t in range(TOPK):
-            best_s = float("-inf")
-            best_b = BIG
-            for c in range(NUM_CHUNKS):
-                b = c * CHUNK + tl.arange(0, CHUNK)
-                s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
-                s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)
-                cand = ((s < prev_s) | ((s == prev_s) & (b > prev_b))) & (b < nb)
-                cs = tl.max(tl.where(cand, s, float("-inf")))
-                cb = tl.min(tl.where(cand & (s == cs), b, BIG))
-                better = (cs > best_s) | ((cs == best_s) & (cb < best_b))
-                best_s = tl.where(better, cs, best_s)
-                best_b = tl.where(better, cb, best_b)
-            tl.store(o_row + t, tl.where((best_s == float("-inf")) | (best_b == BIG), -1, best_b).to(tl.int32))
-            prev_s = best_s
-            prev_b = best_b
-
-
 @functools.lru_cache(maxsize=4096)
 def _score_pages(n_tiles: int, max_pages: int, slots: int, most: int) -> int:
     """Pages per score program for ``slots`` resident programs, at most ``most``; shapes only."""
@@ -520,6 +219,7 @@ def msa_topk(
     local_blocks: int,
     k_scale: float = 1.0,
     out: torch.Tensor | None = None,
+    settings: TopkSettings = DEFAULT_SETTINGS,
 ) -> torch.Tensor:
     """Per-group block selection on the GPU; same result as :func:`msa_topk_ref`.
 
@@ -531,11 +231,14 @@ def msa_topk(
     row_req, row_pos : ``[R]`` int; ``row_pos < max_pages * block_size``.
     k_scale : per-tensor scale of an FP8 index-K cache (must be > 0).
     out : optional ``[R, H, topk]`` int32 output.
+    settings : launch choices (:class:`TopkSettings`); the tuned defaults when omitted.
 
     Returns
     -------
     ``[R, H, topk]`` int32 logical block ids, (score desc, block asc), ``-1`` padded.
     """
+    if not isinstance(settings, TopkSettings):
+        raise TypeError(f"settings must be a TopkSettings, got {type(settings).__name__}")
     R, H, D = index_q.shape
     _check_rows("msa_topk", page_table, row_req, row_pos, R)
     if index_k_cache.dim() != 2 or index_k_cache.shape[1] != D:
@@ -560,16 +263,16 @@ def msa_topk(
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
-    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * _SCORE_SLOTS, _SCORE_MOST_PAGES)
+    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * settings.score_slots, settings.score_most_pages)
     k2 = triton.next_power_of_2(topk)
     chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
     num_chunks = -(-max_pages // chunk)
     sel_m = triton.next_power_of_2(block_r * H)
-    fuse = num_chunks == 1 and R <= _FUSE_SELECT_MAX_ROWS and sel_m * chunk <= _FUSE_SELECT_MAX_KEYS
+    fuse = num_chunks == 1 and R <= settings.fuse_select_max_rows and sel_m * chunk <= settings.fuse_select_max_keys
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
-    pdl = _use_pdl(index_q.device)
+    pdl = use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
-    argmax = chunk >= _SELECT_ARGMAX_MIN_KEYS
+    argmax = chunk >= settings.select_argmax_min_keys
     sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl, ARGMAX=argmax)
     _block_score_kernel[(n_tiles, -(-max_pages // pages))](
         index_q,
@@ -595,14 +298,14 @@ def msa_topk(
         D=D,
         BLOCK_R=block_r,
         BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-        MOST=triton.next_power_of_2(_SCORE_MOST_PAGES),
+        MOST=triton.next_power_of_2(settings.score_most_pages),
         Q_FP32=index_q.dtype == torch.float32,
         K_FP8=k_fp8,
         SEL_M=sel_m,
         FUSE=fuse,
         **sel,
-        num_warps=_SCORE_WARPS,
-        num_stages=_SCORE_STAGES[k_fp8],
+        num_warps=settings.score_warps,
+        num_stages=settings.score_stages_fp8 if k_fp8 else settings.score_stages,
         **launch,
     )
     if fuse:

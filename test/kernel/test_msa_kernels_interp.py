@@ -5,10 +5,20 @@ code (indexing, masking, NVFP4 decode, top-k order) without a GPU; on a GPU the 
 run natively. The interpreter has no bf16 matmul, so these use fp32 and fp16 dots only
 (fp32 q; bf16 q with FP8/NVFP4 pages, which compute in fp16).
 
-| case                      | atol / rtol | why                                             |
-| ------------------------- | ----------- | ----------------------------------------------- |
-| fp32 q, fp32 pages        | 1e-5        | IEEE fp32; summation order only                 |
-| bf16 q, FP8 / NVFP4 pages | 2e-2        | P rounded to fp16 for the PV dot (2^-11 rel)    |
+Top-k: exact slot order (``torch.equal``), ties included. Attention: queries peaked on one
+attended key (conftest ``peaked_q``), so a wrong page or scale block moves a row by O(1);
+bound on the largest relative RMS error over (row, head) (conftest ``rel_err``), against the
+reference in fp32 on the dequantised cache:
+
+| case                      | bound | why                                                          |
+| ------------------------- | ----- | ------------------------------------------------------------ |
+| fp32 q, fp32 pages        | 1e-5  | IEEE fp32 dots and exp2; summation order only                |
+| bf16 q, FP8 / NVFP4 pages | 1e-2  | output stored in bf16: one rounding, <= 2^-8 relative per    |
+|                           |       | element (the interpreter truncates; the GPU rounds, 2^-9);   |
+|                           |       | P rounded to fp16 for the PV dot adds <= 2^-11               |
+
+``test_wrong_page_or_scale_block_fails_the_bound`` shows that one wrong page-table entry or
+one wrong e4m3 scale byte gives an error far above these bounds.
 """
 
 from __future__ import annotations
@@ -16,11 +26,12 @@ from __future__ import annotations
 import pytest
 import torch
 from sglang_m3_kernels import kv_quant as kq
-from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
-from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
+from sglang_m3_kernels.msa_index_topk import TopkSettings, msa_topk, msa_topk_ref
+from sglang_m3_kernels.msa_sparse_attn import AttentionSettings, msa_attention, msa_attention_ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BS, TOPK, HKV, G, D = 16, 4, 2, 4, 32
+REL_ERR = {"fp32": 1e-5, "fp8": 1e-2, "nvfp4": 1e-2}  # see the table above
 
 
 def _batch(seed):
@@ -32,18 +43,21 @@ def _batch(seed):
     return g, pt.to(DEV), rr.to(DEV), rp.to(DEV)
 
 
-@pytest.mark.parametrize("argmax", [False, True])
-def test_topk_order_with_ties(monkeypatch, argmax):
-    """Both in-register selections (bitonic tl.topk, rounds of arg-max) keep the reference order."""
-    import sglang_m3_kernels.msa_index_topk as mt
+def _ints(shape, gen, lim=8):
+    """Small integers as fp32: every dot of them is exact in fp32 / fp16-in-fp32 in any order."""
+    return torch.randint(-lim, lim + 1, shape, generator=gen).float()
 
-    monkeypatch.setattr(mt, "_SELECT_ARGMAX_MIN_KEYS", 0 if argmax else 1 << 30)
+
+@pytest.mark.parametrize("argmax", [False, True])
+def test_topk_order_with_ties(argmax):
+    """Both in-register selections (bitonic tl.topk, rounds of arg-max) keep the reference order."""
+    settings = TopkSettings(select_argmax_min_keys=0 if argmax else 1 << 30)
     g, pt, rr, rp = _batch(1)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
     ik = torch.randn(64 * BS, D, generator=g)
     ik[torch.rand(64 * BS, generator=g) < 0.5] = 0  # many equal (zero) block maxima: ties
     ik = ik.to(DEV)
-    got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2)
+    got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2, settings=settings)
     ref = msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2)
     assert torch.equal(got, ref)
 
@@ -68,12 +82,16 @@ def test_topk_long_score_programs(monkeypatch, fp8):
 @pytest.mark.parametrize("decode", [False, True])
 @pytest.mark.parametrize("heads", [1, 2])
 def test_topk_fp8_bf16_q(decode, heads):
-    """FP8 index-K with bf16 q: fp16 tensor-core dots; decode = one row per request (one-row tiles)."""
+    """FP8 index-K with bf16 q: fp16 tensor-core dots; decode = one row per request (one-row tiles).
+
+    Integer q and keys (keys x 2 stored, exact in e4m3; k_scale 0.5 exact): the kernel's scores equal
+    the reference's bit for bit, so the slot order must match exactly, ties included.
+    """
     g, pt, rr, rp = _batch(5)
     if decode:
         rr, rp = rr[[0, 1, 5, 10]], rp[[0, 1, 5, 10]]
-    iq = torch.randn(len(rr), heads, D, generator=g).to(torch.bfloat16).to(DEV)
-    cache = kq.fp8_quantize_ref(torch.randn(64 * BS, D, generator=g).to(DEV), 0.5)
+    iq = _ints((len(rr), heads, D), g).to(torch.bfloat16).to(DEV)
+    cache = kq.fp8_quantize_ref(_ints((64 * BS, D), g).to(DEV), 0.5)
     view = kq.fp8_dequantize_ref(cache, 0.5)
     got = msa_topk(iq, cache, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, k_scale=0.5)
     assert torch.equal(got, msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
@@ -94,67 +112,96 @@ def test_score_pages_fill_whole_waves():
         if tiles * -(-pages_per_row // most) <= slots:  # one wave is possible: the rule takes it
             assert programs <= slots
     assert _score_pages(1, 64, 528, 32) == 1  # short rows: one page per program, the most programs
-    assert _score_pages(8, 1024, 528, 32) == 16  # 512 programs, one wave (the earlier rule: 8 pages, 1.9 waves)
+    assert _score_pages(8, 1024, 528, 32) == 16  # 512 programs, one wave (power-of-two rule: 8 pages, 1.9 waves)
+
+
+def _kv(kind, g):
+    """(kernel K/V args, dequantised K view, dequantised V view) of one of fp32 / fp8 / nvfp4."""
+    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
+    if kind == "fp8":
+        kc, vc = kq.fp8_quantize_ref(k, 0.5), kq.fp8_quantize_ref(v, 0.25)
+        args = dict(k_cache=kc, v_cache=vc, k_scale=0.5, v_scale=0.25)
+        return args, kq.fp8_dequantize_ref(kc, 0.5), kq.fp8_dequantize_ref(vc, 0.25)
+    if kind == "nvfp4":
+        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
+        args = dict(k_cache=kc, v_cache=vc, k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc)
+        return args, kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0)
+    return dict(k_cache=k, v_cache=v), k, v
+
+
+def _attend(q, kv, pt, rr, rp, block_ids, **kw):
+    args = dict(kv)
+    kc, vc = args.pop("k_cache"), args.pop("v_cache")
+    return msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5, **args, **kw)
+
+
+def _peaked(kind, kview, pt, rr, rp, block_ids, g, peaked_q):
+    q, slot = peaked_q(kview, pt, rr, rp, block_ids, G, BS, D**-0.5, g)
+    return (q if kind == "fp32" else q.to(torch.bfloat16)), slot
 
 
 @pytest.mark.parametrize("kind", ["fp32", "fp8", "nvfp4"])
-def test_attention_small(kind):
+def test_attention_small(kind, peaked_q, rel_err):
     g, pt, rr, rp = _batch(2)
-    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
-    bids = msa_topk_ref(
-        torch.randn(len(rr), HKV, D, generator=g).to(DEV), k[:, 0], pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1
-    )
+    kv, kview, vview = _kv(kind, g)
+    bids = msa_topk_ref(torch.randn(len(rr), HKV, D, generator=g).to(DEV), kview[:, 0], pt, rr, rp, block_size=BS,
+                        topk=TOPK, local_blocks=1)  # fmt: skip
     bids[::2, :, 1] = -1
-    kw, tol = {}, 1e-5
-    if kind == "fp8":
-        kc, vc = kq.fp8_quantize_ref(k, 0.5), kq.fp8_quantize_ref(v, 0.25)
-        kw, tol = dict(k_scale=0.5, v_scale=0.25), 2e-2
-        k, v, q = kq.fp8_dequantize_ref(kc, 0.5), kq.fp8_dequantize_ref(vc, 0.25), q.to(torch.bfloat16)
-    elif kind == "nvfp4":
-        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
-        kw, tol = dict(k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc), 2e-2
-        k, v, q = kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0), q.to(torch.bfloat16)
-    else:
-        kc, vc = k, v
     for block_ids in (bids, None) if kind == "fp32" else (bids,):  # dense once: the interpreter is slow
-        out = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5, **kw)
-        ref = msa_attention_ref(q.float(), k, v, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
-        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        q, _ = _peaked(kind, kview, pt, rr, rp, block_ids, g, peaked_q)
+        out = _attend(q, kv, pt, rr, rp, block_ids)
+        ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
+        assert rel_err(out, ref) <= REL_ERR[kind]
+
+
+@pytest.mark.parametrize("kind,fault", [("fp32", "page"), ("nvfp4", "scale block")])
+def test_wrong_page_or_scale_block_fails_the_bound(kind, fault, peaked_q, rel_err):
+    """The attention bound is discriminating: the kernel on one wrong page-table entry (pointing at
+    an unused page) or one wrong V scale byte, against the reference on the right inputs, exceeds it."""
+    g, pt, rr, rp = _batch(6)
+    kv, kview, vview = _kv(kind, g)
+    bids = msa_topk_ref(torch.randn(len(rr), HKV, D, generator=g).to(DEV), kview[:, 0], pt, rr, rp, block_size=BS,
+                        topk=TOPK, local_blocks=1)  # fmt: skip
+    q, slot = _peaked(kind, kview, pt, rr, rp, bids, g, peaked_q)
+    ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, bids, block_size=BS, scale=D**-0.5)
+    assert rel_err(_attend(q, kv, pt, rr, rp, bids), ref) <= REL_ERR[kind]
+    s = int(slot[1, 0])  # the key that dominates row 1 (a verify row), head 0
+    if fault == "page":
+        bad_pt = pt.clone()
+        unused = sorted(set(range(64)) - set(pt.flatten().tolist()))[0]
+        bad_pt[bad_pt == s // BS] = unused
+        out = _attend(q, kv, bad_pt, rr, rp, bids)
+    else:
+        bad = dict(kv)
+        bad["v_scales"] = kv["v_scales"].clone()
+        bad["v_scales"][s, 0, 0] = (kv["v_scales"][s, 0, 0].float() * 0.25).to(torch.float8_e4m3fn)
+        out = _attend(q, bad, pt, rr, rp, bids)
+    assert rel_err(out, ref) > 10 * REL_ERR[kind]
 
 
 @pytest.mark.parametrize("kind", ["fp32", "nvfp4"])
-def test_attention_merge_launch_in_chunks(monkeypatch, kind):
-    """Many splits (forced by a huge SM count), merged by the merge launch 2 partials at a time:
-    dense rows split over the page table's 8 blocks, sparse rows over their 4 slots."""
-    import sglang_m3_kernels.msa_sparse_attn as ma
-
-    monkeypatch.setattr(ma, "sm_count", lambda device: 1 << 20)
-    monkeypatch.setattr(ma, "_FUSE_MERGE_MAX_SPLITS", 0)
-    monkeypatch.setattr(ma, "_MERGE_CHUNK", 2)
+def test_attention_merge_launch_in_chunks(kind, peaked_q, rel_err):
+    """Many splits (forced by a huge programs-per-SM target), merged by the merge launch 2 partials
+    at a time: dense rows split over the page table's 8 blocks, sparse rows over their 4 slots."""
+    settings = AttentionSettings(split_programs_per_sm=1 << 20, fuse_merge_max_splits=0, merge_chunk=2)
     g, pt, rr, rp = _batch(9)
     pt = pt[:, :8]  # every row of _batch lies in its first 8 blocks
-    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
+    kv, kview, vview = _kv(kind, g)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
-    bids = msa_topk_ref(iq, k[:, 0], pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1)
-    kw, tol, kc, vc = {}, 1e-5, k, v
-    if kind == "nvfp4":
-        (kc, ksc), (vc, vsc) = kq.nvfp4_quantize_ref(k, 0.5), kq.nvfp4_quantize_ref(v, 2.0)
-        kw, tol = dict(k_scale=0.5, v_scale=2.0, k_scales=ksc, v_scales=vsc), 2e-2
-        k, v, q = kq.nvfp4_dequantize_ref(kc, ksc, 0.5), kq.nvfp4_dequantize_ref(vc, vsc, 2.0), q.to(torch.bfloat16)
+    bids = msa_topk_ref(iq, kview[:, 0], pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1)
     for block_ids in (bids, None):
-        out = msa_attention(q, kc, vc, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5, **kw)
-        ref = msa_attention_ref(q.float(), k, v, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
-        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        q, _ = _peaked(kind, kview, pt, rr, rp, block_ids, g, peaked_q)
+        out = _attend(q, kv, pt, rr, rp, block_ids, settings=settings)
+        ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=BS, scale=D**-0.5)
+        assert rel_err(out, ref) <= REL_ERR[kind]
 
 
 @pytest.mark.parametrize("num_chunks,argmax", [(1, False), (1, True), (4, False)])
 def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
     """The select stage alone, also in its streaming form (rows longer than one sort)."""
-    import sglang_m3_kernels.msa_index_topk as mt
+    from sglang_m3_kernels.msa_index_topk import _select
+    from sglang_m3_kernels.msa_index_topk_triton import _topk_select_kernel
 
     g = torch.Generator().manual_seed(4)
     rows, blocks = 6, 64
@@ -163,7 +210,7 @@ def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
     out = torch.empty(rows, 1, TOPK, dtype=torch.int32)
     chunk = blocks // num_chunks
     args = (scores.to(DEV), pos.to(DEV), out.to(DEV))
-    mt._topk_select_kernel[(rows, 1)](
+    _topk_select_kernel[(rows, 1)](
         *args,
         scores.stride(0),
         scores.stride(1),
@@ -179,28 +226,34 @@ def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
     )
     for r in range(rows):
         nb = int(pos[r]) // BS + 1
-        want = mt._select(scores[r : r + 1, :, :nb], pos[r : r + 1], block_size=BS, topk=TOPK, local_blocks=1)
+        want = _select(scores[r : r + 1, :, :nb], pos[r : r + 1], block_size=BS, topk=TOPK, local_blocks=1)
         assert torch.equal(args[2][r].cpu(), want[0]), r
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_select_fused_or_not_and_merge_launch(monkeypatch, fuse):
+def test_select_fused_or_not_and_merge_launch(fuse, peaked_q, rel_err):
     """Both selection paths (last score program selects / separate select launch) and both merges."""
-    import sglang_m3_kernels.msa_index_topk as mt
-    import sglang_m3_kernels.msa_sparse_attn as ma
-
-    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_ROWS", 1 << 20 if fuse else 0)
-    monkeypatch.setattr(mt, "_FUSE_SELECT_MAX_KEYS", 1 << 30)
-    monkeypatch.setattr(ma, "_FUSE_MERGE_MAX_SPLITS", 1 << 20 if fuse else 0)
+    topk_settings = TopkSettings(fuse_select_max_rows=1 << 20 if fuse else 0, fuse_select_max_keys=1 << 30)
+    attn_settings = AttentionSettings(fuse_merge_max_splits=1 << 20 if fuse else 0)
     g, pt, rr, rp = _batch(5)
-    iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
-    ik = torch.randn(64 * BS, D, generator=g).to(DEV)
+    iq = _ints((len(rr), HKV, D), g).to(DEV)  # exact scores: slot order must match exactly
+    ik = _ints((64 * BS, D), g).to(DEV)
     for _ in range(2):  # the counters must be back at zero for the second launch
-        got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1)
+        got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, settings=topk_settings)
         assert torch.equal(got, msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
-    k = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    v = torch.randn(64 * BS, HKV, D, generator=g).to(DEV)
-    q = torch.randn(len(rr), HKV * G, D, generator=g).to(DEV)
-    out = msa_attention(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
-    ref = msa_attention_ref(q, k, v, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    kv, kview, vview = _kv("fp32", g)
+    q, _ = _peaked("fp32", kview, pt, rr, rp, got, g, peaked_q)
+    out = _attend(q, kv, pt, rr, rp, got, settings=attn_settings)
+    ref = msa_attention_ref(q, kview, vview, pt, rr, rp, got, block_size=BS, scale=D**-0.5)
+    assert rel_err(out, ref) <= REL_ERR["fp32"]
+
+
+def test_settings_reject_bad_values():
+    with pytest.raises(ValueError, match="merge_chunk"):
+        AttentionSettings(merge_chunk=3)
+    with pytest.raises(ValueError, match="warps"):
+        AttentionSettings(warps=(8, 8))
+    with pytest.raises(ValueError, match="score_warps"):
+        TopkSettings(score_warps=3)
+    with pytest.raises(TypeError, match="TopkSettings"):
+        msa_topk(*[torch.zeros(1)] * 5, block_size=16, topk=4, local_blocks=1, settings=AttentionSettings())
