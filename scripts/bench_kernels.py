@@ -26,7 +26,8 @@ Usage (GPU host; upstream on PYTHONPATH, see build-runtime.sh)::
 Writes ``<out>/kernels.json`` (records) and ``<out>/kernels.md`` (table, command, date). Upstream's
 first calls autotune for minutes: to fit a device call, time ours (``--no-upstream``) and upstream
 (``--only-upstream --deadline S``) as two passes of one call and join them anywhere with
-``--merge OURS_JSON UPSTREAM_JSON --out DIR`` (benchmarks/kernels.md, runs 9 and 11).
+``--merge OURS_JSON UPSTREAM_JSON --out DIR`` (benchmarks/kernels.md shows the commands).
+Needs the package installed (``pip install -e .``): it imports ``sglang_m3_kernels``.
 """
 
 from __future__ import annotations
@@ -51,18 +52,6 @@ IDX_BYTES = {"bf16": 2 * D, "fp8": D, "nvfp4": D}  # nvfp4 pools keep an fp8 ind
 
 
 def _kernels():
-    try:
-        import sglang_m3_kernels as _  # noqa: F401
-    except ImportError:  # plain checkout: load kernel/ under the package name
-        import importlib.util
-
-        root = pathlib.Path(__file__).resolve().parents[1] / "kernel"
-        spec = importlib.util.spec_from_file_location(
-            "sglang_m3_kernels", root / "__init__.py", submodule_search_locations=[str(root)]
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["sglang_m3_kernels"] = mod
-        spec.loader.exec_module(mod)
     from sglang_m3_kernels import kv_quant, msa_index_topk, msa_sparse_attn
 
     return kv_quant, msa_index_topk.msa_topk, msa_sparse_attn.msa_attention
@@ -145,8 +134,7 @@ def time_graph(fn, iters, flush):
 
 
 # Warm-up replays before timing, at least this many and this long: a fresh capture of a long index
-# scan replays ~11 % slow for its first ~36 replays, then fast for good (runs 26-27: FP8 batch 64 x
-# 128K decode, 316-325 us for its first 36-37 replays, 285-292 after; benchmarks/NOTES.md).
+# scan replays ~11 % slow for its first ~36 replays, then fast for good (docs/perf-notes.md).
 # Serving replays a captured graph for hours, so the steady state is what is timed, ours and upstream's.
 _WARM_REPLAYS, _WARM_SECONDS = 64, 0.05
 
@@ -200,9 +188,8 @@ def full_path(p, ours, mode):
 
 def warm_up(p, ours, n):
     """Run the decode path ``n`` times on a fresh case before anything is timed: the steady
-    state of a pool that is written once and read for hours (this replaced a 1 s sleep after
-    set-up, which run 17 showed did nothing). The slow first replays of a fresh capture (runs
-    19-27, benchmarks/NOTES.md) are what ``_time``'s warm-up replays are for.
+    state of a pool that is written once and read for hours. The slow first replays of a fresh
+    capture (docs/perf-notes.md) are what ``_time``'s warm-up replays are for.
     """
     full = full_path(p, ours, "decode")
     for _ in range(n):
