@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Speculative decoding acceptance statistics of a running server; see `--help` and sglang_m3/bench/acceptance.py."""
 
-from _bench import run
+from sglang_m3.bench.acceptance import main
 
 if __name__ == "__main__":
-    run("acceptance")
+    raise SystemExit(0 if main() else 1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GSM8K accuracy of a running server; see `--help` and sglang_m3/bench/gsm8k.py."""
 
-from _bench import run
+from sglang_m3.bench.gsm8k import main
 
 if __name__ == "__main__":
-    run("gsm8k")
+    raise SystemExit(0 if main() else 1)

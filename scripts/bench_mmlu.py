@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MMLU accuracy of a running server; see `--help` and sglang_m3/bench/mmlu.py."""
 
-from _bench import run
+from sglang_m3.bench.mmlu import main
 
 if __name__ == "__main__":
-    run("mmlu")
+    raise SystemExit(0 if main() else 1)

@@ -67,6 +67,8 @@ def test_serving(server_url, tmp_path):
     )
     assert summary["output_throughput"] > 0
     assert (tmp_path / "serving.png").exists()
+    # Token-id prompts (tokenizer from the server's /model_info): the server saw exactly --input-len tokens.
+    assert summary["prompt_format"] == "token_ids" and summary["mean_prompt_tokens"] == 32
 
 
 def test_acceptance_refuses_a_non_speculative_server(server_url, tmp_path):

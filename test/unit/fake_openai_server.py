@@ -7,9 +7,11 @@ can inject failures per request through ``fail_fn``.  Runs in a thread on
 client under test.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions and /v1/completions
-(JSON or SSE with a final ``usage`` chunk), POST /v1/tokenize (fake tokenizer:
-the UTF-8 bytes of the messages' JSON), POST /generate (meta_info with
-SGLang 0.5.17's speculative fields), GET /server_info.
+(JSON or SSE with a final ``usage`` chunk; ``prompt`` may be token ids, one
+prompt token each; text counts one per word), POST /v1/tokenize (fake
+tokenizer: the UTF-8 bytes of the messages' JSON, or of ``prompt``), POST
+/generate (meta_info with SGLang 0.5.17's speculative fields), GET
+/server_info, GET /model_info (with ``tokenizer_path`` when given).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def prompt_of(body: dict) -> str:
-    """The text a test's answer_fn sees: last user message, or the prompt."""
+    """The text a test's answer_fn sees: last user message, or the prompt (token ids: joined by spaces)."""
     if "messages" in body:
         return [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
-    return body.get("prompt", "")
+    prompt = body.get("prompt", "")
+    return " ".join(str(t) for t in prompt) if isinstance(prompt, list) else prompt
 
 
 class _Server(ThreadingHTTPServer):
@@ -56,6 +59,7 @@ class FakeOpenAIServer:
         token_delay: float = 0.0,
         first_token_delay: float = 0.0,
         hang_s: float = 5.0,
+        tokenizer_path: str | None = None,
     ):
         self.answer_fn = answer_fn
         self.fail_fn = fail_fn
@@ -66,6 +70,7 @@ class FakeOpenAIServer:
         self.token_delay = token_delay
         self.first_token_delay = first_token_delay
         self.hang_s = hang_s
+        self.tokenizer_path = tokenizer_path
         self.attempts: Counter = Counter()
         self.requests: list[tuple[str, dict]] = []
         self._lock = threading.Lock()
@@ -125,6 +130,9 @@ def _make_handler(server: FakeOpenAIServer):
                         "speculative_num_draft_tokens": server.num_steps + 1,
                     }
                 )
+            elif self.path == "/model_info" and server.tokenizer_path:
+                info = {"model_path": server.model, "tokenizer_path": server.tokenizer_path, "is_generation": True}
+                self._send_json(info)
             else:
                 self._send_json({"error": "not found"}, 404)
 
@@ -147,7 +155,8 @@ def _make_handler(server: FakeOpenAIServer):
                 if self.path in ("/v1/chat/completions", "/v1/completions"):
                     return self._complete(body, prompt)
                 if self.path == "/v1/tokenize":
-                    ids = list(json.dumps({"messages": body["messages"]}).encode())
+                    text = body["prompt"] if "prompt" in body else json.dumps({"messages": body["messages"]})
+                    ids = list(text.encode())
                     return self._send_json({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
                 if self.path == "/generate":
                     return self._generate(body, prompt)

@@ -11,6 +11,7 @@ plus the project's real copies in shared/data when present.
 import csv
 import json
 import os
+import pkgutil
 import random
 import socket
 import subprocess
@@ -223,8 +224,8 @@ def test_script_exits_nonzero_on_connection_failure(gsm8k_dir):
     assert proc.returncode != 0 and "cannot connect" in proc.stderr
 
 
-def test_script_runs_from_a_clone(gsm8k_dir, tmp_path):
-    """scripts/bench_*.py work without the package installed (they add python/ to the path)."""
+def test_script_runs_from_any_folder(gsm8k_dir, tmp_path):
+    """scripts/bench_*.py run the installed package from any working directory (no sys.path edits)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with FakeOpenAIServer(gsm8k_answer_fn(gsm8k_labels(gsm8k_dir))) as server:
         argv = common(server.url, tmp_path, "--data-path", str(gsm8k_dir), "--num-questions", "5")
@@ -242,6 +243,11 @@ def test_script_runs_from_a_clone(gsm8k_dir, tmp_path):
     assert json.loads((tmp_path / "out.json").read_text())["num_total"] == 5
 
 
+def test_scripts_edit_no_sys_path():
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        assert "sys.path" not in script.read_text(), script
+
+
 @pytest.mark.parametrize("module", [gsm8k, mmlu, acceptance, serving])
 def test_help_documents_common_options(module, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -253,13 +259,44 @@ def test_help_documents_common_options(module, capsys):
     assert "http://127.0.0.1:30000/v1" in text
 
 
+BENCH_MODULES = sorted(f"sglang_m3.bench.{m.name}" for m in pkgutil.iter_modules([str(Path(datasets.__file__).parent)]))
+
+
 def test_bench_package_imports_neither_sglang_nor_torch():
+    assert {"sglang_m3.bench.serving", "sglang_m3.bench.vocab"} <= set(BENCH_MODULES)
     code = (
-        "import sys; import sglang_m3.bench.acceptance, sglang_m3.bench.gsm8k, sglang_m3.bench.mmlu, "
-        "sglang_m3.bench.serving; bad = {'sglang', 'torch'} & set(sys.modules); assert not bad, bad"
+        f"import importlib, sys\nfor m in {BENCH_MODULES!r}: importlib.import_module(m)\n"
+        "bad = {'sglang', 'torch', 'transformers'} & set(sys.modules)\nassert not bad, bad"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+# Imports of the bench extra's packages fail, as where it is not installed.
+_NO_EXTRA = (
+    "import sys\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('aiohttp', 'tqdm', 'matplotlib'):\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+)
+
+
+def test_bench_modules_import_without_the_extra_and_say_how_to_install_it(tmp_path, gsm8k_dir):
+    code = _NO_EXTRA + (
+        f"import importlib\nfor m in {BENCH_MODULES!r}: importlib.import_module(m)\n"
+        "from sglang_m3.bench import gsm8k, serving, plot\n"
+        "from sglang_m3.bench.client import BenchError\n"
+        "assert gsm8k.build_messages('q', [])[-1]['role'] == 'user'\n"
+        "try:\n    plot.require()\nexcept BenchError as e:\n    print('PLOT', e)\n"
+        f"gsm8k.main(['--data-path', {str(gsm8k_dir)!r}, '--output', ''])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "PLOT the benchmarks need 'matplotlib'" in proc.stdout and "sglang-m3[bench]" in proc.stdout
+    assert "error: the benchmarks need 'aiohttp'" in proc.stderr and "pip install 'sglang-m3[bench]'" in proc.stderr
 
 
 def test_missing_dataset_names_both_options(tmp_path, monkeypatch):
@@ -289,6 +326,29 @@ def test_download_from_canonical_layout(tmp_path, monkeypatch, gsm8k_dir, mmlu_d
     test = datasets.load_mmlu(None, "test")
     assert sorted(test) == ["alpha_studies", "beta_studies", "gamma_studies"] and len(test["beta_studies"]) == 20
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gsm8k", "mmlu"]  # no temporary leftovers
+
+
+def test_gsm8k_data_path_takes_test_jsonl_or_its_folder(gsm8k_dir, tmp_path):
+    """As SGLang's own GSM8K script: --data-path test.jsonl (train.jsonl beside it for the shots)."""
+    with FakeOpenAIServer(gsm8k_answer_fn(gsm8k_labels(gsm8k_dir))) as server:
+        for data_path in (gsm8k_dir, gsm8k_dir / "test.jsonl"):
+            summary = gsm8k.main(common(server.url, tmp_path, "--data-path", str(data_path), "--num-questions", "6"))
+            assert summary["accuracy"] == 1.0 and summary["num_total"] == 6
+        shots = [m["content"] for m in server.requests[-1][1]["messages"][:-1] if m["role"] == "user"]
+        assert len(shots) == 5 and all("[train " in s for s in shots)
+        lone = tmp_path / "lone" / "gsm8k_test.jsonl"  # any file name: it is the test split
+        lone.parent.mkdir()
+        lone.write_text((gsm8k_dir / "test.jsonl").read_text())
+        summary = gsm8k.main(common(server.url, tmp_path, "--data-path", str(lone), "--num-shots", "0"))
+        assert summary["num_total"] == 30 and summary["accuracy"] == 1.0
+        with pytest.raises(SystemExit) as exc:  # few-shot needs train.jsonl beside the file
+            gsm8k.main(common(server.url, tmp_path, "--data-path", str(lone)))
+    assert str(lone.parent / "train.jsonl") in str(exc.value.code) and "--num-shots 0" in str(exc.value.code)
+    missing = ((tmp_path / "nowhere.jsonl", "neither a file nor a folder"), (tmp_path / "lone", "no test.jsonl"))
+    for bad, says in missing:
+        with pytest.raises(SystemExit) as exc:
+            gsm8k.main(["--data-path", str(bad)])
+        assert str(bad) in str(exc.value.code) and says in str(exc.value.code)
 
 
 # ---------------------------------------------------------------- MMLU
@@ -415,9 +475,25 @@ def test_acceptance_without_speculative_decoding_fails(gsm8k_dir, tmp_path, serv
 # ---------------------------------------------------------------- serving
 
 
+SPECIAL = (500, 501, 502)
+
+
+@pytest.fixture
+def tokenizer_json(tmp_path: Path) -> Path:
+    """A tokenizer.json of 503 ids; the last three are added (special) tokens."""
+    vocab = {f"t{i}": i for i in range(500)}
+    added = [{"id": i, "content": f"<|s{i}|>", "special": True} for i in SPECIAL]
+    path = tmp_path / "tok" / "tokenizer.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": added}))
+    return path
+
+
 @pytest.mark.parametrize("api", ["chat", "completions"])
-def test_serving_sweep_measures_known_latencies(tmp_path, api):
-    with FakeOpenAIServer(first_token_delay=0.05, token_delay=0.01) as server:
+def test_serving_sweep_measures_known_latencies(tmp_path, api, tokenizer_json):
+    with FakeOpenAIServer(
+        first_token_delay=0.05, token_delay=0.01, tokenizer_path=str(tokenizer_json.parent)
+    ) as server:
         summary = serving.main(
             common(
                 server.url,
@@ -442,6 +518,7 @@ def test_serving_sweep_measures_known_latencies(tmp_path, api):
         assert 50 <= lv["ttft_ms"]["p50"] < 150 and lv["ttft_ms"]["p99"] >= lv["ttft_ms"]["p50"]
         assert 9 <= lv["tpot_ms"]["p50"] < 30
         assert lv["mean_prompt_tokens"] == 32
+    assert summary["mean_prompt_tokens"] == 32
     assert levels[4]["output_throughput"] > 1.5 * levels[1]["output_throughput"]
     written = json.loads((tmp_path / "out.json").read_text())
     assert len(written["records"]) == 16 and written["output_throughput"] == summary["output_throughput"]
@@ -450,12 +527,42 @@ def test_serving_sweep_measures_known_latencies(tmp_path, api):
     assert body["stream"] and body["ignore_eos"] and body["max_tokens"] == 6
     assert body["stream_options"] == {"include_usage": True}
     assert ("messages" in body) == (api == "chat")
+    if api == "completions":  # token ids, drawn from the vocabulary less the special tokens
+        assert summary["prompt_format"] == "token_ids" and summary["tokenizer"] == str(tokenizer_json)
+        sent = [b["prompt"] for path, b in server.requests if path == "/v1/completions"]
+        assert all(len(s) == 32 and all(isinstance(t, int) and 0 <= t < 500 for t in s) for s in sent[2:])
+        assert len({tuple(s) for s in sent}) == len(sent)  # distinct: no prefix-cache hits
+    else:
+        assert summary["prompt_format"] == "text" and "tokenizer" not in summary
+
+
+def test_serving_token_prompts_are_seeded_and_need_a_tokenizer(tmp_path, tokenizer_json):
+    def sent(server):
+        return [b["prompt"] for path, b in server.requests if path == "/v1/completions"]
+
+    argv = ["--parallel", "2", "--num-questions", "4", "--input-len", "7", "--output-len", "2", "--plot", ""]
+    runs = []
+    for seed in ("0", "0", "1"):
+        with FakeOpenAIServer() as server:  # no /model_info: --tokenizer names the file
+            serving.main(common(server.url, tmp_path, *argv, "--seed", seed, "--tokenizer", str(tokenizer_json)))
+        runs.append(sorted(sent(server)))
+    assert runs[0] == runs[1] != runs[2]
+    assert not set(SPECIAL) & {t for p in runs[0] for t in p}
+    with FakeOpenAIServer() as server, pytest.raises(SystemExit) as exc:
+        serving.main(common(server.url, tmp_path, *argv))
+    assert "--tokenizer" in str(exc.value.code) and "--api chat" in str(exc.value.code)
+    assert not sent(server)  # refused before any request was timed
+    with FakeOpenAIServer() as server, pytest.raises(SystemExit) as exc:
+        serving.main(common(server.url, tmp_path, *argv, "--tokenizer", str(tmp_path / "none")))
+    assert f"--tokenizer {tmp_path / 'none'}: no tokenizer.json" in str(exc.value.code)
 
 
 def test_serving_counts_failed_streams(tmp_path, gsm8k_dir):
     failing = set()
 
     def fail(path, prompt, attempt):  # the first three prompts, always
+        if path == "/v1/tokenize":  # the questions, tokenized once for token-id windows
+            return None
         if len(failing) < 3:
             failing.add(prompt)
         return "500" if prompt in failing else None
@@ -484,5 +591,10 @@ def test_serving_counts_failed_streams(tmp_path, gsm8k_dir):
     assert summary["max_concurrency"] == 2 and summary["num_failed"] == 3
     level = summary["levels"][0]
     assert level["num_requests"] == 10 and level["total_output_tokens"] == 7 * 4
+    assert level["mean_prompt_tokens"] == 40 and summary["tokenizer"] == "server /v1/tokenize"
+    text = " ".join(json.loads(line)["question"] for line in (gsm8k_dir / "test.jsonl").read_text().splitlines())
+    ids = list(text.encode())  # the fake tokenizer: UTF-8 bytes
+    windows = [b["prompt"] for path, b in server.requests if path == "/v1/completions"]
+    assert all(any(ids[i : i + 40] == w for i in range(len(ids) - 39)) for w in windows)
     records = json.loads((tmp_path / "out.json").read_text())["records"]
     assert sum("HTTP 500" in r.get("error", "") for r in records) == 3

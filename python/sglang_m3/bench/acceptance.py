@@ -37,6 +37,7 @@ from .datasets import load_gsm8k
 from .extract import answers_equal, extract_gsm8k_answer, gsm8k_gold
 from .gsm8k import build_messages
 from .plot import plot_acceptance
+from .plot import require as require_plot
 from .stats import describe
 
 DEFAULT_DRAFT_TOKENS = 3
@@ -141,6 +142,9 @@ def aggregate(records: list[dict], drafts: int) -> dict:
 
 async def run_acceptance(args) -> dict:
     prompts = load_prompts(args)
+    plot_path = args.plot or (str(Path(args.output).with_suffix(".png")) if args.output else None)
+    if plot_path:
+        require_plot()  # fail before the run, not after it
     params = cli.generation_params(args, thinking_max_tokens=4096, plain_max_tokens=512)
     sampling = {"max_new_tokens": params["max_tokens"], "temperature": params["temperature"]}
     async with cli.connect(args) as (client, model):
@@ -200,7 +204,6 @@ async def run_acceptance(args) -> dict:
             "elapsed_s": elapsed,
         }
     )
-    plot_path = args.plot or (str(Path(args.output).with_suffix(".png")) if args.output else None)
     if plot_path:
         lengths = [request_length(r) for r in records if r.get("spec_verify_ct")]
         plot_acceptance(summary, lengths, plot_path)

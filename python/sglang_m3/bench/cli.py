@@ -52,10 +52,13 @@ def make_parser(
         help="bearer token, if the server wants one (default: $OPENAI_API_KEY)",
     )
     if data:
+        what = f"{data} folder"
+        if data == "gsm8k":
+            what = "GSM8K test.jsonl, or a folder holding test.jsonl (and train.jsonl)"
         p.add_argument(
             "--data-path",
             default=None,
-            help=f"local {data} folder (default: <repo>/../shared/data/{data} if present, else download)",
+            help=f"local {what} (default: <repo>/../shared/data/{data} if present, else download)",
         )
     p.add_argument("--num-questions", type=int, default=None, help=num_questions_help)
     p.add_argument("--parallel", type=int, default=default_parallel, help=parallel_help)

@@ -20,12 +20,26 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import aiohttp
-from tqdm import tqdm
+try:  # the ``bench`` extra; without it the modules still import (their pure helpers work), requests do not
+    import aiohttp
+except ImportError:
+    aiohttp = None
+try:
+    from tqdm import tqdm
+except ImportError:
+    tqdm = None
 
 
 class BenchError(Exception):
     """A problem the user must fix (no server, no dataset); CLIs exit non-zero with it."""
+
+
+def missing_extra(module: str) -> BenchError:
+    """The error for a missing dependency of the ``bench`` extra."""
+    return BenchError(
+        f"the benchmarks need {module!r}, which is not installed: pip install 'sglang-m3[bench]' "
+        '(from a clone: pip install -e ".[bench]")'
+    )
 
 
 class RequestFailed(Exception):
@@ -54,6 +68,8 @@ class Client:
         retry_delay: float = 1.0,
         api_key: str | None = None,
     ):
+        if aiohttp is None:
+            raise missing_extra("aiohttp")
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self.timeout = timeout
@@ -178,6 +194,8 @@ async def run_all(
     record ``{"error": ..., "attempts": ...}`` for that item; any other
     exception is a bug and propagates.
     """
+    if tqdm is None:
+        raise missing_extra("tqdm")
     semaphore = asyncio.Semaphore(max(1, parallel))
     bar = tqdm(total=len(items), desc=desc, disable=None, dynamic_ncols=True)
 

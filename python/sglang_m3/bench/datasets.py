@@ -1,9 +1,10 @@
 """GSM8K and MMLU loaders: local copy first, canonical public download second.
 
 The benchmarks must run offline (CI, air-gapped GPU hosts) and on a fresh
-machine alike.  So: an explicit ``--data-path`` is used as given; otherwise
-``<repo root>/../shared/data/<name>`` (this project's offline copy) is used
-when it exists; otherwise the canonical public files are downloaded once into
+machine alike.  So: an explicit ``--data-path`` is used as given (for GSM8K
+the ``test.jsonl`` file, as SGLang's own script takes it, or its folder);
+otherwise ``<repo root>/../shared/data/<name>`` (this project's offline copy)
+is used when it exists; otherwise the canonical public files are downloaded once into
 ``~/.cache/sglang_m3/bench/<name>`` (``$SGLANG_M3_BENCH_CACHE`` overrides).
 Any miss raises BenchError naming both ways to fix it.
 """
@@ -61,12 +62,24 @@ def resolve_data_path(name: str, data_path: str | None) -> Path | None:
 
 
 def _gsm8k_file(data_path: str | None, split: str) -> Path:
-    root = resolve_data_path("gsm8k", data_path)
+    """The ``{split}.jsonl`` to read. ``--data-path`` is a folder holding it, or (as in SGLang's own GSM8K
+    script) the ``test.jsonl`` file itself, whose folder then holds ``train.jsonl`` for few-shot examples."""
     url = GSM8K_URL.format(split=split)
+    if data_path and Path(data_path).is_file():
+        given = Path(data_path)
+        path = given if split == "test" else given.with_name(f"{split}.jsonl")
+        if not path.is_file():
+            raise BenchError(
+                f"GSM8K --data-path {given} is a file, taken as the test split; the {split} split is read from "
+                f"{path}, which does not exist (few-shot examples come from it: add it, or pass --num-shots 0)"
+            )
+        return path
+    root = resolve_data_path("gsm8k", data_path)
     if root is not None:
         path = root / f"{split}.jsonl"
         if not path.is_file():
-            raise _missing("GSM8K", root, f"no {split}.jsonl", url)
+            detail = f"no {split}.jsonl in folder {root}" if root.is_dir() else f"{root} is neither a file nor a folder"
+            raise _missing("GSM8K", root, f"{detail}; --data-path takes test.jsonl or a folder holding it", url)
         return path
     path = _cache_dir("gsm8k") / f"{split}.jsonl"
     if not path.is_file():

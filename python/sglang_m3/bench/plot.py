@@ -1,15 +1,28 @@
 """PNG figures for the acceptance and serving benchmarks.
 
-matplotlib is imported inside the functions with the Agg backend so that the
-benchmarks run on headless servers and the accuracy scripts never pay for it.
+matplotlib (of the ``bench`` extra) is imported inside the functions with the
+Agg backend so that the benchmarks run on headless servers and the accuracy
+scripts never pay for it; :func:`require` lets a benchmark that will plot fail
+before its run, not after it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .client import missing_extra
+
+
+def require() -> None:
+    """BenchError now if matplotlib is missing (instead of after the benchmark ran)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise missing_extra("matplotlib") from exc
+
 
 def _pyplot():
+    require()
     import matplotlib
 
     matplotlib.use("Agg")

@@ -8,19 +8,33 @@ requests run with at most ``concurrency`` in flight; per request:
 * output tokens: the final ``usage`` chunk (``stream_options.include_usage``),
   else the number of text chunks.
 
-Output length is forced with ``max_tokens`` plus ``ignore_eos`` (an extra
-field SGLang and vLLM accept; ``--no-ignore-eos`` for servers that reject it).
-Prompts carry no tokenizer assumption: ``--input-len`` words, either random
-common words or GSM8K questions concatenated; the real prompt token count is
-reported from ``usage``.  Streamed requests are never retried (that would
-corrupt their timing); failures are counted per level.  Headline:
-``output_throughput`` = best output tokens/s at the highest concurrency.
+Prompts (``--api``):
+
+* ``completions`` (default): token ids sent as ``prompt`` to ``/v1/completions``,
+  so the server sees exactly ``--input-len`` tokens, as SGLang's own
+  ``bench_serving`` with random ids. ``--dataset random`` draws them with
+  ``--seed`` from the tokenizer's vocabulary less its added (special) tokens,
+  read from ``tokenizer.json`` (``--tokenizer``, else the server's
+  ``/model_info`` tokenizer path when it is local); ``--dataset gsm8k`` cuts
+  windows from the GSM8K test questions tokenized by the server's
+  ``/v1/tokenize``.
+* ``chat``: ``--input-len`` words (random common words or GSM8K text) as one
+  user message through the server's chat template, which adds its own tokens.
+
+The prompt length the server reports in ``usage`` is recorded per request and
+as ``mean_prompt_tokens`` per level and overall.  Output length is forced with
+``max_tokens`` plus ``ignore_eos`` (an extra field SGLang and vLLM accept;
+``--no-ignore-eos`` for servers that reject it).  Streamed requests are never
+retried (that would corrupt their timing); failures are counted per level.
+Headline: ``output_throughput`` = best output tokens/s at the highest
+concurrency.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -28,9 +42,11 @@ from . import cli
 from .client import BenchError, RequestFailed, run_all
 from .datasets import load_gsm8k
 from .plot import plot_serving
+from .plot import require as require_plot
 from .stats import describe
+from .vocab import hub_tokenizer_file, local_tokenizer_file, vocab_ids
 
-# Common short English words: about one token each for BPE tokenizers.
+# Common short English words (--api chat): about one token each for BPE tokenizers.
 _WORDS = (
     "the of and to in is was for on are with as at be by this had not but from or have an they which one "
     "you were her all she there would their we him been has when who will more no if out so said what up "
@@ -55,15 +71,34 @@ def parse_args(argv: list[str] | None):
         parallel_help="run this single concurrency level (overrides --concurrency)",
     )
     p.add_argument("--concurrency", type=_csv_ints, default="1,4,16", help="comma-separated concurrency levels")
-    p.add_argument("--input-len", type=_csv_ints, default="128", help="comma-separated prompt lengths (words)")
+    p.add_argument(
+        "--input-len",
+        type=_csv_ints,
+        default="128",
+        help="comma-separated prompt lengths: tokens the server sees (--api completions), "
+        "or words of the user message (--api chat; the chat template adds its tokens)",
+    )
     p.add_argument("--output-len", type=_csv_ints, default="128", help="comma-separated output lengths (tokens)")
     p.add_argument(
         "--dataset",
         choices=["random", "gsm8k"],
         default="random",
-        help="prompt source: random words, or GSM8K test questions (--data-path) cut to --input-len",
+        help="prompt source: random tokens (or words with --api chat), or windows of the GSM8K test questions "
+        "(--data-path)",
     )
-    p.add_argument("--api", choices=["chat", "completions"], default="chat", help="endpoint to stream from")
+    p.add_argument(
+        "--api",
+        choices=["completions", "chat"],
+        default="completions",
+        help="completions: token-id prompts of exactly --input-len tokens to /v1/completions (default); "
+        "chat: text prompts through the server's chat template, /v1/chat/completions",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json, a folder holding it, or a Hugging Face model id, whose vocabulary random token-id "
+        "prompts are drawn from (default: the server's /model_info tokenizer_path or model_path, if local)",
+    )
     p.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
@@ -78,18 +113,69 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def make_prompts(args, input_len: int, n: int, rng: random.Random) -> list[str]:
-    """``n`` distinct prompts of ``input_len`` words (distinct: no prefix-cache hits)."""
+async def find_tokenizer(client, args, model: str) -> Path:
+    """The ``tokenizer.json`` random token ids are drawn from."""
+    if args.tokenizer:
+        path = local_tokenizer_file(args.tokenizer) or hub_tokenizer_file(args.tokenizer)
+        if path is None:
+            raise BenchError(
+                f"--tokenizer {args.tokenizer}: no tokenizer.json there "
+                "(pass the file, a folder holding it, or a Hugging Face model id)"
+            )
+        return path
+    info = await client.get_json("/model_info", native=True) or await client.get_json("/get_model_info", native=True)
+    tried = [s for s in ((info or {}).get("tokenizer_path"), (info or {}).get("model_path"), model) if s]
+    for spec in tried:
+        path = local_tokenizer_file(spec)
+        if path is not None:
+            return path
+    raise BenchError(
+        f"random token-id prompts need the served model's tokenizer.json; none found at {tried} (the server's "
+        "/model_info tokenizer_path and model_path, the model name). Pass --tokenizer (tokenizer.json, a folder "
+        "holding it, or a Hugging Face model id), or --api chat for text prompts through the chat template"
+    )
+
+
+async def tokenize(client, model: str, text: str) -> list[int]:
+    """Token ids of ``text`` by the server's own tokenizer (SGLang's ``/v1/tokenize``), no special tokens added."""
+    try:
+        out, _ = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+    except RequestFailed as exc:
+        raise BenchError(
+            f"--dataset gsm8k with --api completions tokenizes the questions with the server's /v1/tokenize, "
+            f"which failed ({exc}); use --api chat for text prompts"
+        ) from exc
+    return [int(t) for t in out["tokens"]]
+
+
+async def prompt_pool(client, args, model: str) -> tuple[list, dict]:
+    """What prompts are cut from: token ids (``--api completions``) or words (chat), and a summary of it."""
+    if args.dataset == "gsm8k":
+        text = " ".join(r["question"] for r in load_gsm8k(args.data_path, "test"))
+        if args.api == "chat":
+            return text.split(), {"prompt_format": "text"}
+        return await tokenize(client, model, text), {"prompt_format": "token_ids", "tokenizer": "server /v1/tokenize"}
+    if args.api == "chat":
+        return list(_WORDS), {"prompt_format": "text"}
+    path = await find_tokenizer(client, args, model)
+    return vocab_ids(path), {"prompt_format": "token_ids", "tokenizer": str(path)}
+
+
+def make_prompts(args, pool: list, input_len: int, n: int, rng: random.Random) -> list:
+    """``n`` distinct prompts of ``input_len`` units of ``pool`` (distinct: no prefix-cache hits): token-id
+    lists for ``--api completions``, text for chat."""
     if args.dataset == "random":
-        return [" ".join(rng.choices(_WORDS, k=input_len)) for _ in range(n)]
-    words = " ".join(r["question"] for r in load_gsm8k(args.data_path, "test")).split()
-    if len(words) < input_len:
-        raise BenchError(f"GSM8K has only {len(words)} words, fewer than --input-len {input_len}")
-    starts = [rng.randrange(len(words) - input_len + 1) for _ in range(n)]
-    return [" ".join(words[s : s + input_len]) for s in starts]
+        prompts = [rng.choices(pool, k=input_len) for _ in range(n)]
+    else:
+        if len(pool) < input_len:
+            unit = "words" if args.api == "chat" else "tokens"
+            raise BenchError(f"GSM8K has only {len(pool)} {unit}, fewer than --input-len {input_len}")
+        starts = [rng.randrange(len(pool) - input_len + 1) for _ in range(n)]
+        prompts = [pool[s : s + input_len] for s in starts]
+    return [" ".join(p) for p in prompts] if args.api == "chat" else prompts
 
 
-async def stream_one(client, args, model: str, prompt: str, *, output_len: int) -> dict:
+async def stream_one(client, args, model: str, prompt: str | list[int], *, output_len: int) -> dict:
     """One timed streaming request."""
     body = {"model": model, "max_tokens": output_len, "temperature": 0.0, "stream_options": {"include_usage": True}}
     if args.ignore_eos:
@@ -141,18 +227,26 @@ def level_summary(records: list[dict], duration: float, **level) -> dict:
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_output_tokens": out_tokens,
-        "mean_prompt_tokens": sum(prompt_tokens) / len(prompt_tokens) if prompt_tokens else None,
+        "mean_prompt_tokens": _mean(prompt_tokens),
         "ttft_ms": ms("ttft"),
         "tpot_ms": ms("tpot"),
         "latency_ms": ms("latency"),
     }
 
 
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 async def run_serving(args) -> dict:
     rng = random.Random(args.seed)
     levels, records = [], []
+    plot_path = args.plot or (str(Path(args.output).with_suffix(".png")) if args.output else None)
+    if plot_path:
+        require_plot()  # fail before the run, not after it
     async with cli.connect(args) as (client, model):
-        for prompt in make_prompts(args, args.input_len[0], args.warmup, rng):
+        pool, source = await prompt_pool(client, args, model)
+        for prompt in make_prompts(args, pool, args.input_len[0], args.warmup, rng):
             try:
                 await stream_one(client, args, model, prompt, output_len=min(args.output_len[0], 16))
             except RequestFailed as exc:
@@ -161,7 +255,7 @@ async def run_serving(args) -> dict:
             for output_len in args.output_len:
                 for conc in args.concurrency:
                     n = args.num_questions or max(8, 4 * conc)
-                    prompts = make_prompts(args, input_len, n, rng)
+                    prompts = make_prompts(args, pool, input_len, n, rng)
                     start = time.perf_counter()
                     send = functools.partial(stream_one, client, args, model, output_len=output_len)
                     results = await run_all(prompts, send, conc, f"in={input_len} out={output_len} c={conc}")
@@ -170,6 +264,14 @@ async def run_serving(args) -> dict:
                     levels.append(level_summary(results, duration, **level))
                     records += [{**level, **r} for r in results]
     cli.check_not_all_failed(records)
+    if source["prompt_format"] == "token_ids":
+        for lv in levels:  # what the server reported against what was sent
+            seen = lv["mean_prompt_tokens"]
+            if seen is not None and seen != lv["input_len"]:
+                print(
+                    f"warning: sent {lv['input_len']} prompt tokens, the server reported {seen:g} on average",
+                    file=sys.stderr,
+                )
     top = max(args.concurrency)
     summary = {
         "benchmark": "serving",
@@ -180,10 +282,12 @@ async def run_serving(args) -> dict:
         "base_url": args.base_url,
         "api": args.api,
         "dataset": args.dataset,
+        **source,
+        # The server's usage.prompt_tokens over every request that reported it (None: none did).
+        "mean_prompt_tokens": _mean([r["prompt_tokens"] for r in records if r.get("prompt_tokens") is not None]),
         "ignore_eos": args.ignore_eos,
         "levels": levels,
     }
-    plot_path = args.plot or (str(Path(args.output).with_suffix(".png")) if args.output else None)
     if plot_path:
         plot_serving(levels, f"{model} @ {args.base_url} ({args.api}, streaming)", plot_path)
         summary["plot"] = plot_path
