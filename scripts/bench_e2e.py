@@ -54,7 +54,7 @@ def parse_args(argv=None):
 
 def prompts(args, n: int) -> list[list[int]]:
     """``n`` prompts: distinct corpus cuts of ``--input-len`` tokens (no radix hits), or the probe set."""
-    from sglang_m3.tiny.draft import corpus_ids, probe_prompts
+    from sglang_m3.tiny.prompts import corpus_ids, probe_prompts
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)

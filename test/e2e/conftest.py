@@ -56,7 +56,7 @@ def prompts_from(ids: list[int]) -> list[list[int]]:
     """Mixed lengths: below the sparse threshold (block 16 x top-4 = 64) and well past it.
 
     Defined with the tiny draft, which memorises the target's continuations of exactly these prompts."""
-    from sglang_m3.tiny.draft import corpus_prompts
+    from sglang_m3.tiny.prompts import corpus_prompts
 
     return corpus_prompts(ids)
 

@@ -17,6 +17,9 @@ import torch
 from safetensors import safe_open
 from sglang_m3.tiny import default_checkpoint
 from sglang_m3.tiny import draft as D
+from sglang_m3.tiny import eagle3 as E
+from sglang_m3.tiny import prompts as P
+from sglang_m3.tiny import target as T
 from sglang_m3.tiny.distill import _train_forward
 
 RELEASED_CONFIG = Path(__file__).resolve().parents[2] / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json"
@@ -63,7 +66,7 @@ def test_config_is_an_sglang_eagle3_llama_config(draft):
     with safe_open(draft / "model.safetensors", "pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
-    assert {k: v for k, v in shapes.items() if k not in ("d2t", "t2d")} == D.tensor_shapes(raw)
+    assert {k: v for k, v in shapes.items() if k not in ("d2t", "t2d")} == E.tensor_shapes(raw)
     assert not any("embed_tokens" in k for k in shapes)  # shared with the target
     hot = d2t + torch.arange(256)
     assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.sum() == 256
@@ -114,20 +117,20 @@ def test_sglang_load_weights_maps_every_tensor(draft):
 
 def test_reference_matches_training_forward(draft, target):
     """draft_forward_ref (row by row, cached) and the batched training forward agree on a draft extend."""
-    d = D.load_draft(draft)
-    model, text = D.load_target(target)
-    ids = D.greedy_continue(model, torch.tensor([list(range(40, 60))]), 12)
-    layer_in, _ = D.target_states(model, text, ids)
+    d = E.load_draft(draft)
+    model, text = T.load_target(target)
+    ids = T.greedy_continue(model, torch.tensor([list(range(40, 60))]), 12)
+    layer_in, _ = T.target_states(model, text, ids)
     aux = torch.cat([layer_in[i] for i in (1, 2, 3)], -1)
     embed = text.embed_tokens.weight.float()
-    logits_ref, carried, _, cache = D.draft_forward_ref(d, embed, ids[0, 1:], aux[0, :-1], torch.arange(31))
+    logits_ref, carried, _, cache = E.draft_forward_ref(d, embed, ids[0, 1:], aux[0, :-1], torch.arange(31))
     params = {k: v for k, v in d.tensors.items() if k not in ("d2t", "t2d")}
     valid = [torch.ones(1, 32, dtype=torch.bool)]
     (logits_train,) = _train_forward(params, d.config, embed, ids, aux, None, valid, 1, return_logits=True)
     torch.testing.assert_close(logits_train[0], logits_ref, rtol=1e-4, atol=1e-4)
     # A decode step on a cache prefix equals the extend row at that position when fed the same inputs.
     prefix = (cache[0][:10], cache[1][:10])
-    step, *_ = D.draft_forward_ref(d, embed, ids[0, 11:12], aux[0, 10:11], [10], prefix)
+    step, *_ = E.draft_forward_ref(d, embed, ids[0, 11:12], aux[0, 10:11], [10], prefix)
     torch.testing.assert_close(step[0], logits_ref[10], rtol=1e-5, atol=1e-5)
 
 
@@ -139,19 +142,19 @@ def test_probe_prompts_are_the_tests_and_the_benchs(target):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    ids = D.corpus_ids(tok)
-    lengths = [len(p) for p in D.corpus_prompts(ids)]
-    assert D.probe_prompts(tok)[:4] == D.corpus_prompts(ids) and lengths == [9, 50, 200, 317]
-    gsm = D.gsm8k_prompts(tok)
-    assert D.probe_prompts(tok)[4:] == gsm and len(gsm) == 8
+    ids = P.corpus_ids(tok)
+    lengths = [len(p) for p in P.corpus_prompts(ids)]
+    assert P.probe_prompts(tok)[:4] == P.corpus_prompts(ids) and lengths == [9, 50, 200, 317]
+    gsm = P.gsm8k_prompts(tok)
+    assert P.probe_prompts(tok)[4:] == gsm and len(gsm) == 8
     # What SGLang's /v1/tokenize returns for the bench's messages: template text, encoded without added specials.
-    text = tok.apply_chat_template(build_messages(D.GSM8K_TEST_HEAD[0], []), add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(build_messages(P.GSM8K_TEST_HEAD[0], []), add_generation_prompt=True, tokenize=False)
     assert gsm[0] == tok.encode(text) and text.endswith("<|im_start|>assistant\n")
     try:
         test = load_gsm8k(None, "test")
     except BenchError:
         pytest.skip("no GSM8K test split here")
-    assert D.GSM8K_TEST_HEAD == tuple(r["question"] for r in test[: len(D.GSM8K_TEST_HEAD)])
+    assert P.GSM8K_TEST_HEAD == tuple(r["question"] for r in test[: len(P.GSM8K_TEST_HEAD)])
 
 
 def test_acceptance_and_captured_layer_convention(draft, target):
@@ -160,11 +163,11 @@ def test_acceptance_and_captured_layer_convention(draft, target):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    corpus = D.measure_acceptance(draft, target, D.corpus_prompts(D.corpus_ids(tok)))
-    gsm8k = D.measure_acceptance(draft, target, D.gsm8k_prompts(tok))
+    corpus = D.measure_acceptance(draft, target, P.corpus_prompts(P.corpus_ids(tok)))
+    gsm8k = D.measure_acceptance(draft, target, P.gsm8k_prompts(tok))
     held_out = D.measure_acceptance(draft, target)
-    missing_plus_one = D.measure_acceptance(draft, target, D.gsm8k_prompts(tok), layer_inputs=(0, 1, 2))
-    double_plus_one = D.measure_acceptance(draft, target, D.gsm8k_prompts(tok), layer_inputs=(2, 3, 4))
+    missing_plus_one = D.measure_acceptance(draft, target, P.gsm8k_prompts(tok), layer_inputs=(0, 1, 2))
+    double_plus_one = D.measure_acceptance(draft, target, P.gsm8k_prompts(tok), layer_inputs=(2, 3, 4))
     assert corpus.length >= CORPUS_MIN, corpus
     assert gsm8k.length >= GSM8K_MIN, gsm8k
     assert held_out.length >= HELD_OUT_MIN, held_out

@@ -7,6 +7,7 @@ import argparse
 
 from .build import build_checkpoint, default_checkpoint
 from .configs import TINY_CONFIGS
+from .draft import build_draft, default_draft
 
 
 def main(argv=None) -> None:
@@ -19,10 +20,10 @@ def main(argv=None) -> None:
         p.add_argument("--name", default="m3-tiny", choices=sorted(TINY_CONFIGS))
         p.add_argument("--variant", default="vl", choices=["vl", "text"])
     build.add_argument("--seed", type=int, default=0)
-    build_draft = sub.add_parser("build-draft", help="distil a tiny EAGLE3 draft for a tiny M3 into DIR")
-    build_draft.add_argument("dir")
-    build_draft.add_argument("--target", help="the tiny M3 checkpoint (default: the cached m3-tiny)")
-    build_draft.add_argument("--seed", type=int, default=0)
+    build_draft_cmd = sub.add_parser("build-draft", help="distil a tiny EAGLE3 draft for a tiny M3 into DIR")
+    build_draft_cmd.add_argument("dir")
+    build_draft_cmd.add_argument("--target", help="the tiny M3 checkpoint (default: the cached m3-tiny)")
+    build_draft_cmd.add_argument("--seed", type=int, default=0)
     draft_path = sub.add_parser("draft-path", help="print the cached draft's path, building it on first use")
     draft_path.add_argument("--name", default="m3-tiny")
     args = parser.parse_args(argv)
@@ -31,12 +32,8 @@ def main(argv=None) -> None:
     elif args.cmd == "path":
         print(default_checkpoint(args.name, args.variant))
     elif args.cmd == "build-draft":
-        from .draft import build_draft as build_draft_fn
-
-        print(build_draft_fn(args.dir, args.target or default_checkpoint("m3-tiny", "vl"), args.seed))
+        print(build_draft(args.dir, args.target or default_checkpoint("m3-tiny", "vl"), args.seed))
     else:
-        from .draft import default_draft
-
         print(default_draft(args.name))
 
 

@@ -1,6 +1,6 @@
 """Training of the tiny EAGLE3 draft (``draft.py`` builds, caches and measures it).
 
-The same math as ``draft.draft_forward_ref``, batched over sequences and unrolled over draft
+The same math as ``eagle3.draft_forward_ref``, batched over sequences and unrolled over draft
 steps (EAGLE3's training-time test: step k feeds the draft's own pre-norm state from step k - 1),
 on the target's soft next-token distributions for general text plus hard greedy labels for the
 probe prompts' continuations, which the draft memorises. Deterministic for a given machine:
@@ -16,21 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from ..config import aux_capture_inputs
-from .draft import (
-    _GEN_LEN,
-    _PROBE_GEN_LEN,
-    NUM_DRAFT_TOKENS,
-    PREFIX,
-    _rms_norm,
-    _rope,
-    _training_prompts,
-    greedy_continue,
-    load_target,
-    probe_prompts,
-    target_states,
-    tensor_shapes,
-)
+from .eagle3 import NUM_DRAFT_TOKENS, PREFIX, rms_norm, rope, tensor_shapes
+from .prompts import probe_prompts, training_prompts
+from .target import greedy_continue, load_target, target_states
 
+TRAIN_STEPS = 250
+GEN_LEN = 64  # greedy continuation of each training prompt
+PROBE_GEN_LEN = 72  # memorised continuation of each probe prompt: tests generate <= 64, plus a last chain of 3
 _BATCH = 32
 _LR = 3e-3
 _PROBE_WEIGHT = 1.0  # weight of the probe loss (hard greedy labels) next to the general loss (soft labels)
@@ -73,14 +65,14 @@ def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_l
     def norm_cat(e, h):
         return torch.cat(
             [
-                _rms_norm(e, p[PREFIX + "input_layernorm.weight"], eps),
-                _rms_norm(h, p[PREFIX + "hidden_norm.weight"], eps),
+                rms_norm(e, p[PREFIX + "input_layernorm.weight"], eps),
+                rms_norm(h, p[PREFIX + "hidden_norm.weight"], eps),
             ],
             -1,
         )
 
     def kv(x, pos):  # [B, n, hd] heads repeated to n_h, [B, n_h, n, hd]
-        k = _rope((x @ p[PREFIX + "self_attn.k_proj.weight"].T).view(B, -1, n_kv, hd), pos[..., None], theta)
+        k = rope((x @ p[PREFIX + "self_attn.k_proj.weight"].T).view(B, -1, n_kv, hd), pos[..., None], theta)
         v = (x @ p[PREFIX + "self_attn.v_proj.weight"].T).view(B, -1, n_kv, hd)
         return k.transpose(1, 2).repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
 
@@ -96,7 +88,7 @@ def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_l
         residual = h
         x = x_all[seq, rows] if step == 0 else norm_cat(embed[ids[seq, idx]], h)
         pos = rows + step
-        q = _rope((x @ p[PREFIX + "self_attn.q_proj.weight"].T).view(B, Q, n_h, hd), pos[..., None], theta)
+        q = rope((x @ p[PREFIX + "self_attn.q_proj.weight"].T).view(B, Q, n_h, hd), pos[..., None], theta)
         q = q.transpose(1, 2)  # [B, n_h, Q, hd]
         if step > 0:
             k, v = kv(x, pos)
@@ -110,12 +102,12 @@ def _train_forward(p, cfg, embed, ids, aux, targets, valid, steps: int, return_l
             out = out + probs[..., R + j : R + j + 1] * cv
         out = out.transpose(1, 2).reshape(B, Q, n_h * hd)
         residual = out @ p[PREFIX + "self_attn.o_proj.weight"].T + residual
-        x = _rms_norm(residual, p[PREFIX + "post_attention_layernorm.weight"], eps)
+        x = rms_norm(residual, p[PREFIX + "post_attention_layernorm.weight"], eps)
         mlp = (F.silu(x @ p[PREFIX + "mlp.gate_proj.weight"].T) * (x @ p[PREFIX + "mlp.up_proj.weight"].T)) @ p[
             PREFIX + "mlp.down_proj.weight"
         ].T
         h = mlp + residual
-        logits = _rms_norm(h, p["norm.weight"], eps) @ p["lm_head.weight"].T
+        logits = rms_norm(h, p["norm.weight"], eps) @ p["lm_head.weight"].T
         if return_logits:
             all_logits.append(logits)
             continue
@@ -181,12 +173,12 @@ def distill(target_dir: Path, cfg: dict, seed: int, train_steps: int, num_sequen
     model, text = load_target(target_dir)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     inputs = aux_capture_inputs(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], len(text.layers))
-    seqs = greedy_continue(model, _training_prompts(tokenizer)[:num_sequences], _GEN_LEN)
+    seqs = greedy_continue(model, training_prompts(tokenizer)[:num_sequences], GEN_LEN)
     layer_in, logits = target_states(model, text, seqs)
     greedy = logits.argmax(-1)
     aux = torch.cat([layer_in[i] for i in inputs], -1)  # [S, T, 3H], low..high
     embed = text.embed_tokens.weight.detach().float()
-    p_ids, p_aux, p_greedy, p_valid, p_rows = _probe_data(model, text, inputs, probe_prompts(tokenizer), _PROBE_GEN_LEN)
+    p_ids, p_aux, p_greedy, p_valid, p_rows = _probe_data(model, text, inputs, probe_prompts(tokenizer), PROBE_GEN_LEN)
 
     # Draft vocab: every token the probes' scored chains must produce first, then the target's most frequent
     # greedy choices on the general data (ties to the lower id); sorted by target id.
