@@ -12,7 +12,11 @@ these (AROUND) only when ``torch.cuda.is_available()`` is False:
 * ``PagedTokenToKVPoolAllocator.alloc_decode`` -> ``mem.cpu_alloc.alloc_decode_cpu``;
 * ``mem_cache.allocation.get_last_loc`` -> SGLang's ``get_last_loc_torch``;
 * ``mem_cache.allocation.assign_req_to_token_pool_func`` -> ``mem.cpu_alloc.assign_req_to_token_cpu``;
-* ``utils.common.support_triton``: False for ``m3_msa`` (so SGLang takes its torch paths elsewhere).
+* ``utils.common.support_triton``: False for ``m3_msa`` (so SGLang takes its torch paths elsewhere);
+* ``distributed.parallel_state.init_model_parallel_group``: tensor-parallel groups without NCCL
+  or custom all-reduce communicators (SGLang turns them off only under ``SGLANG_USE_CPU_ENGINE``,
+  which needs a CPU build of sgl-kernel that PyPI lacks): collectives run on gloo, so
+  ``--tp-size 2 --device cpu`` works.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ def hooks(hook_type) -> list:
         (compat.GET_LAST_LOC, get_last_loc, hook_type.AROUND),
         (compat.ASSIGN_REQ_TO_TOKEN_POOL, assign_req_to_token, hook_type.AROUND),
         (compat.SUPPORT_TRITON, support_triton, hook_type.AROUND),
+        (compat.INIT_MODEL_PARALLEL_GROUP, gloo_only_group, hook_type.AROUND),
     ]
 
 
@@ -67,3 +72,13 @@ def support_triton(original, backend):
     if backend == compat.BACKEND_NAME and not torch.cuda.is_available():
         return False
     return original(backend)
+
+
+def gloo_only_group(original, *args, **kwargs):
+    kwargs.update(
+        use_pynccl=False,
+        use_custom_allreduce=False,
+        use_mscclpp_allreduce=False,
+        use_torch_symm_mem_allreduce=False,
+    )
+    return original(*args, **kwargs)

@@ -74,7 +74,7 @@ from __future__ import annotations
 import logging
 
 from . import sglang_compat as compat
-from .config import M3_ARCHITECTURES, M3Config, is_m3_config
+from .config import M3_ARCHITECTURES, is_m3_config
 from .sglang_compat import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -178,15 +178,12 @@ def _build_kv_pool(self, *, max_total_num_tokens: int):
 
 
 def _exact_cell_size(kvc) -> int | None:
-    """Exact KV bytes per token of an M3 target, EAGLE3 draft layers included (None otherwise)."""
+    """Exact KV bytes per token on this rank of an M3 target, EAGLE3 draft layers included (None otherwise)."""
     if kvc.is_draft_worker or not is_m3_config(kvc.model_config.hf_config):
         return None
-    from .mem.kv_pool import draft_kv_heads
-    from .mem.layout import bytes_per_token, layout_for
+    from .mem.kv_pool import rank_budget
 
-    cfg = M3Config.from_hf(kvc.model_config.hf_config)
-    layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
-    return bytes_per_token(cfg, layout, draft_kv_heads(kvc.server_args, cfg))["total"]
+    return rank_budget(kvc)[-1]["total"]
 
 
 def _cell_size(original, self, kvc, num_layers: int) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .config import DraftConfig, M3Config, check_page_size
 from .mem.layout import check_kv_cache_dtype
+from .parallel import check_heads, check_parallel
 
 # ServerArgs fills these in for CPU before model overrides run, so they are not the user's choice.
 _DEVICE_DEFAULT_BACKENDS = {"cpu": ("intel_amx", "torch_native")}
@@ -24,8 +25,7 @@ def m3_server_overrides(server_args: Any, hf_config: Any) -> dict:
         value = getattr(server_args, field, None)
         if value not in (None, "m3_msa", *_DEVICE_DEFAULT_BACKENDS.get(server_args.device, ())):
             raise ValueError(f"--{field.replace('_', '-')}={value!r}: MiniMax-M3 runs on sglang-m3's 'm3_msa' backend")
-    if server_args.tp_size != 1:
-        raise ValueError(f"--tp-size={server_args.tp_size}: sglang-m3 serves MiniMax-M3 with tp_size=1 only (for now)")
+    check_parallel(cfg, server_args.tp_size, server_args.ep_size)
     _refuse_unsupported_features(server_args)
     check_kv_cache_dtype(server_args.kv_cache_dtype)
     declared = {"attention_backend": "m3_msa", "page_size": page_size}
@@ -68,7 +68,8 @@ def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:
         )
     if not server_args.speculative_draft_model_path:
         raise ValueError("--speculative-draft-model-path is required for EAGLE3 (an LlamaForCausalLMEagle3 draft)")
-    DraftConfig.from_path(server_args.speculative_draft_model_path, cfg)  # refuses an unusable draft
+    draft = DraftConfig.from_path(server_args.speculative_draft_model_path, cfg)  # refuses an unusable draft
+    check_heads("the draft's ", draft.num_heads, draft.num_kv_heads, server_args.tp_size)
     steps = server_args.speculative_num_steps
     if steps is not None and steps < 1:
         raise ValueError(f"--speculative-num-steps={steps}: must be >= 1")

@@ -59,6 +59,7 @@ PAGED_ALLOC_DECODE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAll
 GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
 ASSIGN_REQ_TO_TOKEN_POOL = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 SUPPORT_TRITON = "sglang.srt.utils.common.support_triton"
+INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 
 
 # --- Registries and private names changed or used directly (HookRegistry cannot patch dict/list entries).

@@ -81,3 +81,29 @@ def test_memory_pressure_outputs_and_no_leak(tiny_vl, corpus_ids):
         assert used_tokens_settle_to_zero(tight)  # every slot is free again: nothing leaked
     finally:
         tight.shutdown()
+
+
+def test_checkpoint_kv_scales_are_used(tiny_vl, tmp_path, runs, corpus_ids):
+    """A checkpoint carrying per-layer k_scale / v_scale (FP8 checkpoints do) quantises the FP8 pool with
+    them: outputs move away from the unit-scale run (1.5 is not a power of two, so rounding changes) and
+    stay within the FP8 bound against fp32 KV."""
+    from safetensors.torch import load_file, save_file
+
+    scaled = tmp_path / "scaled"
+    scaled.mkdir()
+    for f in tiny_vl.iterdir():
+        if f.suffix != ".safetensors":
+            (scaled / f.name).symlink_to(f)
+    for f in tiny_vl.glob("*.safetensors"):
+        tensors = load_file(f)
+        for name in [n for n in tensors if n.endswith("self_attn.k_proj.weight")]:
+            prefix = name.removesuffix("k_proj.weight")
+            tensors[prefix + "k_scale"] = tensors[prefix + "v_scale"] = torch.tensor(1.5)
+        save_file(tensors, scaled / f.name, metadata={"format": "pt"})
+    lp, _ = run_per_kv_dtype(scaled, ("fp8_e4m3",), prompts_from(corpus_ids), ENGINE_ARGS, NEW)["fp8_e4m3"]
+    ref_lp, unit_lp = runs["auto"][0], runs["fp8_e4m3"][0]
+    moved = torch.cat([(a - b).abs() for a, b in zip(lp, unit_lp)]).max().item()
+    err = torch.cat([(a - b).abs() for a, b in zip(lp, ref_lp)]).mean().item()
+    print(f"scaled FP8: max |dlogprob| vs unit scale {moved:.3f}, mean vs fp32 {err:.3f}")
+    assert moved > 1e-3
+    assert 0 < err < KV_ERROR_BOUNDS["fp8_e4m3"]

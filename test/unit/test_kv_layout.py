@@ -90,3 +90,25 @@ def test_draft_view_is_the_target_pool_with_shifted_layer_ids():
     assert not pool.read_kv(0)[0].any()  # the target's layer 0 is untouched
     with pytest.raises(RuntimeError, match="without EAGLE3 draft layers"):
         M3KVPool(64, 16, cfg, layout_for("auto", torch.float32), "cpu").draft_view()
+
+
+def test_checkpoint_scales_widen_the_fp8_range():
+    """FP8 rows store value / scale: a unit scale saturates at 448, the checkpoint's scale does not."""
+    from sglang_m3.tiny.build import released_text_config
+
+    cfg = M3Config.from_text_dict(released_text_config("m3-tiny"), "MiniMaxM3SparseForCausalLM")
+    k = torch.linspace(-1000, 1000, 2 * 32).reshape(2, 1, 32)
+    v = k / 10
+    loc = torch.tensor([3, 17])
+    results = {}
+    for scales in (None, {0: (4.0, 0.25)}):
+        pool = M3KVPool(64, 16, cfg, layout_for("fp8_e4m3", torch.float32), "cpu")
+        if scales:
+            pool.set_scales(scales)
+        pool.set_kv_buffer(_Layer(0), loc, k, v)
+        results[bool(scales)] = [x[loc] for x in pool.read_kv(0)]
+    unit_k, _ = results[False]
+    assert unit_k.abs().max() == 448  # saturated
+    got_k, got_v = results[True]
+    torch.testing.assert_close(got_k, k, rtol=0.0625, atol=0)  # e4m3: 3 mantissa bits, half-ulp 1/16
+    torch.testing.assert_close(got_v, v, rtol=0.0625, atol=0)

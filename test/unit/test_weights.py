@@ -5,23 +5,19 @@ from __future__ import annotations
 import pytest
 from sglang_m3.model.weights import map_name
 
-I = 32  # MoE intermediate size
-
 
 @pytest.mark.parametrize(
-    "name, param, shard, expert, rows",
+    "name, param, shard, expert",
     [
         (
             "language_model.model.layers.3.self_attn.k_proj.weight",
             "model.layers.3.self_attn.qkv_proj.weight",
             "k",
             None,
-            None,
         ),
         (
             "language_model.model.layers.3.self_attn.index_q_proj.weight",
             "model.layers.3.self_attn.indexer.q_proj.weight",
-            None,
             None,
             None,
         ),
@@ -30,68 +26,61 @@ I = 32  # MoE intermediate size
             "model.layers.3.self_attn.indexer.k_norm.weight",
             None,
             None,
-            None,
         ),
-        ("language_model.model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 1, None, None),
-        ("model.layers.0.block_sparse_moe.gate_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 0, None, None),
-        ("language_model.model.layers.5.block_sparse_moe.gate.weight", "model.layers.5.mlp.router", None, None, None),
+        ("language_model.model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 1, None),
+        ("model.layers.0.block_sparse_moe.gate_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", 0, None),
+        ("language_model.model.layers.5.block_sparse_moe.gate.weight", "model.layers.5.mlp.gate.weight", None, None),
         (
             "language_model.model.layers.5.block_sparse_moe.e_score_correction_bias",
             "model.layers.5.mlp.e_score_correction_bias",
             None,
             None,
-            None,
         ),
         (
             "language_model.model.layers.5.block_sparse_moe.experts.7.w1.weight",
-            "model.layers.5.mlp.w13",
-            None,
+            "model.layers.5.mlp.experts.w13_weight",
+            "w1",
             7,
-            slice(0, I),
         ),
         (
             "language_model.model.layers.5.block_sparse_moe.experts.7.w3.weight",
-            "model.layers.5.mlp.w13",
-            None,
+            "model.layers.5.mlp.experts.w13_weight",
+            "w3",
             7,
-            slice(I, 2 * I),
         ),
         (
             "language_model.model.layers.5.block_sparse_moe.experts.7.w2.weight",
-            "model.layers.5.mlp.w2",
-            None,
+            "model.layers.5.mlp.experts.w2_weight",
+            "w2",
             7,
-            slice(None),
         ),
         (
             "language_model.model.layers.5.block_sparse_moe.shared_experts.up_proj.weight",
             "model.layers.5.mlp.shared_experts.gate_up_proj.weight",
             1,
             None,
-            None,
         ),
-        ("language_model.lm_head.weight", "lm_head.weight", None, None, None),
+        ("language_model.lm_head.weight", "lm_head.weight", None, None),
         # transformers' own text layout (MiniMaxM3VLForCausalLM.save_pretrained)
-        ("model.layers.2.mlp.experts.gate_up_proj", "model.layers.2.mlp.w13", None, None, None),
+        ("model.layers.2.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.w13_weight", "w13", None),
+        ("model.layers.2.mlp.experts.down_proj", "model.layers.2.mlp.experts.w2_weight", "w2", None),
         (
             "model.layers.2.mlp.gate.e_score_correction_bias",
             "model.layers.2.mlp.e_score_correction_bias",
             None,
             None,
-            None,
         ),
         (
             "model.layers.2.self_attn.indexer.q_proj.weight",
             "model.layers.2.self_attn.indexer.q_proj.weight",
             None,
             None,
-            None,
         ),
     ],
 )
-def test_mapping(name, param, shard, expert, rows):
-    t = map_name(name, I)
-    assert (t.param, t.shard, t.expert, t.rows) == (param, shard, expert, rows)
+def test_mapping(name, param, shard, expert):
+    t = map_name(name)
+    assert (t.param, t.shard, t.expert) == (param, shard, expert)
 
 
 @pytest.mark.parametrize(
@@ -104,4 +93,20 @@ def test_mapping(name, param, shard, expert, rows):
     ],
 )
 def test_skipped(name):
-    assert map_name(name, I) is None
+    assert map_name(name) is None
+
+
+@pytest.mark.parametrize(
+    "name, shard",
+    [
+        ("language_model.model.layers.3.self_attn.k_scale", "k"),
+        ("model.layers.3.self_attn.v_proj.v_scale", "v"),
+        ("model.layers.3.self_attn.attn.k_scale", "k"),
+        ("model.layers.3.self_attn.kv_scale", "kv"),
+    ],
+)
+def test_fp8_kv_scale_names(name, shard):
+    from sglang_m3.model.weights import KV_SCALE
+
+    target = map_name(name)
+    assert (target.param, target.shard) == (f"model.layers.3.self_attn.{KV_SCALE}", shard)

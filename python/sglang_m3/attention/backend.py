@@ -39,6 +39,9 @@ class M3MSABackend(AttentionBackend):
             raise ValueError(f"m3_msa needs page_size == index block size {self.msa.block_size}, got {self.page_size}")
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.pool = model_runner.token_to_kv_pool
+        scales = getattr(model_runner.model, "kv_cache_scales", None)
+        if scales is not None and hasattr(self.pool, "set_scales"):
+            self.pool.set_scales(scales())  # the checkpoint's FP8 KV scales, before any KV is written
         self.metadata: MSAMetadata | None = None
 
     # -- planning: once per batch, all device ops (no host sync) --------------------------

@@ -24,6 +24,7 @@ from sglang_m3_kernels.kv_quant import (
 )
 
 from ..config import DraftConfig, M3Config
+from ..parallel import rank_heads
 from .layout import FP8, PLAIN, KVLayout, bytes_per_token
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ class RowStore:
     """Token rows ``[slots, heads, dim]`` in one storage format."""
 
     def __init__(self, fmt: str, slots: int, heads: int, dim: int, plain_dtype: torch.dtype, device):
-        self.fmt, self.scale, self.scales = fmt, 1.0, None  # static unit scales (no calibration data)
+        # ``scale``: the per-tensor dequantisation scale of FP8 rows (value = fp8 x scale) and the global
+        # scale of NVFP4 rows; 1.0 unless the checkpoint carries KV scales (``M3KVPool.set_scales``).
+        self.fmt, self.scale, self.scales = fmt, 1.0, None
         if fmt == PLAIN:
             self.data = torch.zeros(slots, heads, dim, dtype=plain_dtype, device=device)
         elif fmt == FP8:
@@ -78,14 +81,17 @@ class M3KVPool(KVCache):
         start_layer: int = 0,
         end_layer: int | None = None,
         draft_kv_heads: tuple[int, ...] = (),
+        kv_heads: int | None = None,
     ):
+        """``kv_heads``: this rank's KV heads per target layer (``cfg.num_kv_heads`` at TP1);
+        ``draft_kv_heads``: this rank's KV heads of each EAGLE3 draft layer."""
         end_layer = cfg.num_layers if end_layer is None else end_layer
         super().__init__(
             size, page_size, layout.plain_dtype, end_layer - start_layer, device, False, start_layer, end_layer
         )
         self.cfg, self.layout, self.draft_kv_heads = cfg, layout, draft_kv_heads
         slots = size + page_size  # SGLang pools keep one spare page for padded writes
-        D, H = cfg.head_dim, cfg.num_kv_heads
+        D, H = cfg.head_dim, cfg.num_kv_heads if kv_heads is None else kv_heads
         self.k, self.v, self.index_k = {}, {}, {}
         for lid in range(start_layer, end_layer):
             fmt = layout.sparse if cfg.sparse_layers[lid] else layout.dense
@@ -100,6 +106,13 @@ class M3KVPool(KVCache):
         stores = [*self.k.values(), *self.v.values(), *self.index_k.values()]
         self.mem_usage = sum(s.nbytes for s in stores) / (1 << 30)
         self.head_num, self.head_dim = H, D
+
+    def set_scales(self, scales: dict[int, tuple[float, float]]) -> None:
+        """Per-layer ``(k_scale, v_scale)`` of quantised rows (the checkpoint's FP8 KV scales). Set once,
+        before the first write; plain rows ignore them."""
+        for lid, (k_scale, v_scale) in scales.items():
+            if lid in self.k:
+                self.k[lid].scale, self.v[lid].scale = k_scale, v_scale
 
     # -- writes (quantise on write) -------------------------------------------------------
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
@@ -159,18 +172,27 @@ class M3KVPool(KVCache):
         raise NotImplementedError("sglang-m3's KV pool does not support hierarchical-cache CPU copies")
 
 
-def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
-    """``KVCacheConfigurator``-side constructor (see ``plugin.py``)."""
+def rank_budget(kvc):
+    """``(cfg, layout, kv_heads, draft_heads, bytes)``: this rank's exact KV bytes per token of an M3
+    target, EAGLE3 draft layers included, from SGLang's ``KVCacheConfigurator``."""
     from .layout import layout_for
 
     cfg = M3Config.from_hf(kvc.model_config.hf_config)
     layout = layout_for(kvc.kv_cache_dtype_str or "auto", kvc.model_dtype)
+    kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, kvc.server_args.tp_size, 0).kv_heads
     draft_heads = draft_kv_heads(kvc.server_args, cfg)
-    budget = bytes_per_token(cfg, layout, draft_heads)
+    return cfg, layout, kv_heads, draft_heads, bytes_per_token(cfg, layout, draft_heads, kv_heads)
+
+
+def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
+    """``KVCacheConfigurator``-side constructor (see ``plugin.py``)."""
+    cfg, layout, kv_heads, draft_heads, budget = rank_budget(kvc)
     logger.info(
-        "sglang-m3 KV pool (%s): %d B/token = dense layer %d + sparse layer %d + index-K %d per sparse layer"
-        " + draft %d; capacity %d tokens (%d pages of %d)",
+        "sglang-m3 KV pool (%s, per rank of TP %d: %d KV heads/layer): %d B/token = dense layer %d + sparse layer %d"
+        " + index-K %d per sparse layer + draft %d; capacity %d tokens (%d pages of %d)",
         layout.name,
+        kvc.server_args.tp_size,
+        kv_heads,
         budget["total"],
         budget["dense_layer"],
         budget["sparse_layer"],
@@ -189,12 +211,14 @@ def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
         start_layer=kvc.layer_info.start_layer,
         end_layer=kvc.layer_info.end_layer,
         draft_kv_heads=draft_heads,
+        kv_heads=kv_heads,
     )
 
 
 def draft_kv_heads(server_args, cfg: M3Config) -> tuple[int, ...]:
-    """KV heads of each EAGLE3 draft layer the pool must hold (none without speculation)."""
+    """This rank's KV heads of each EAGLE3 draft layer the pool must hold (none without speculation)."""
     if server_args.speculative_algorithm is None:
         return ()
     draft = DraftConfig.from_path(server_args.speculative_draft_model_path, cfg)
-    return (draft.num_kv_heads,) * draft.num_layers
+    heads = rank_heads(draft.num_heads, draft.num_kv_heads, server_args.tp_size, 0).kv_heads
+    return (heads,) * draft.num_layers

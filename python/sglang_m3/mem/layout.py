@@ -64,12 +64,16 @@ def layout_for(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVLayout:
     return KVLayout(kv_cache_dtype, *_LAYOUTS[kv_cache_dtype], plain_dtype=plain)
 
 
-def bytes_per_token(cfg: M3Config, layout: KVLayout, draft_kv_heads: tuple[int, ...] = ()) -> dict[str, int]:
-    """Exact KV bytes one token costs: per layer kind, per draft layer, and in total.
+def bytes_per_token(
+    cfg: M3Config, layout: KVLayout, draft_kv_heads: tuple[int, ...] = (), kv_heads: int | None = None
+) -> dict[str, int]:
+    """Exact KV bytes one token costs on one rank: per layer kind, per draft layer, and in total.
 
-    ``draft_kv_heads``: KV heads of each EAGLE3 draft layer (head_dim as the target's).
+    ``kv_heads``: the rank's KV heads per target layer (all of them by default: TP1);
+    ``draft_kv_heads``: the rank's KV heads of each EAGLE3 draft layer (head_dim as the target's).
+    The index-K head is one per sparse layer on every rank.
     """
-    kv = 2 * cfg.num_kv_heads * cfg.head_dim
+    kv = 2 * (cfg.num_kv_heads if kv_heads is None else kv_heads) * cfg.head_dim
     dense = layout.row_bytes(layout.dense, kv)
     sparse = layout.row_bytes(layout.sparse, kv)
     index = layout.row_bytes(layout.index, cfg.msa.index_dim)

@@ -9,6 +9,7 @@ that method routes extend batches carrying ``idx_q`` into SGLang's own MiniMax o
 from __future__ import annotations
 
 import torch
+from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
@@ -19,19 +20,30 @@ from sglang.srt.model_executor.forward_context import get_attn_backend
 from torch import nn
 
 from ..config import M3Config
+from ..parallel import RankHeads, rank_heads
 from .layers import GemmaNorm, PartialNeoxRope
 
 
-class Indexer(nn.Module):
-    """``index_q [T, H_idx, D_idx]`` and the shared ``index_k [T, D_idx]``, normed and rotated."""
+def _head_rows_loader(first: int, rows_per_head: int):
+    """Weight loader of a projection that keeps only this rank's heads' rows of the checkpoint tensor."""
 
-    def __init__(self, cfg: M3Config, rope: PartialNeoxRope, prefix: str):
+    def load(param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(loaded.narrow(0, first * rows_per_head, param.shape[0]))
+
+    return load
+
+
+class Indexer(nn.Module):
+    """``index_q [T, H_idx, D_idx]`` (this rank's index heads: one per local KV group) and the
+    shared ``index_k [T, D_idx]`` (replicated), normed and rotated. Unquantised: its scores
+    pick the pages."""
+
+    def __init__(self, cfg: M3Config, heads: RankHeads, rope: PartialNeoxRope, prefix: str):
         super().__init__()
         msa = cfg.msa
-        self.heads, self.dim = msa.index_heads, msa.index_dim
-        self.q_proj = ReplicatedLinear(
-            cfg.hidden_size, msa.index_heads * msa.index_dim, bias=False, prefix=f"{prefix}.q_proj"
-        )
+        self.heads, self.dim = heads.kv_heads, msa.index_dim
+        self.q_proj = ReplicatedLinear(cfg.hidden_size, self.heads * self.dim, bias=False, prefix=f"{prefix}.q_proj")
+        self.q_proj.weight.weight_loader = _head_rows_loader(heads.first_kv_head, self.dim)
         self.k_proj = ReplicatedLinear(cfg.hidden_size, msa.index_dim, bias=False, prefix=f"{prefix}.k_proj")
         self.q_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
         self.k_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
@@ -45,23 +57,40 @@ class Indexer(nn.Module):
 
 
 class M3Attention(nn.Module):
-    def __init__(self, cfg: M3Config, layer_id: int, prefix: str):
+    def __init__(self, cfg: M3Config, layer_id: int, prefix: str, quant_config=None):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=False, prefix=f"{prefix}.qkv_proj"
+        heads = rank_heads(
+            cfg.num_heads, cfg.num_kv_heads, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         )
-        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=False, prefix=f"{prefix}.o_proj")
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            cfg.num_heads * cfg.head_dim,
+            cfg.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
         self.q_norm = GemmaNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = GemmaNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.rope = PartialNeoxRope(cfg.rotary_dim, cfg.rope_theta)
-        self.indexer = Indexer(cfg, self.rope, prefix=f"{prefix}.indexer") if cfg.sparse_layers[layer_id] else None
+        self.indexer = (
+            Indexer(cfg, heads, self.rope, prefix=f"{prefix}.indexer") if cfg.sparse_layers[layer_id] else None
+        )
         self.attn = RadixAttention(
-            cfg.num_heads,
+            self.num_heads,
             cfg.head_dim,
             cfg.head_dim**-0.5,
-            num_kv_heads=cfg.num_kv_heads,
+            num_kv_heads=self.num_kv_heads,
             layer_id=layer_id,
             prefix=f"{prefix}.attn",
         )

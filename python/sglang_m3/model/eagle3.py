@@ -20,6 +20,7 @@ from typing import Iterable
 
 import torch
 import torch.nn.functional as F
+from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -29,6 +30,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import DraftConfig
+from ..parallel import rank_heads
 from .layers import PartialNeoxRope, RMSNorm
 
 DRAFT_ARCH = "SglangM3Eagle3Draft"
@@ -47,12 +49,15 @@ class DraftLayer(nn.Module):
     def __init__(self, cfg: DraftConfig, layer_id: int):
         super().__init__()
         H = cfg.hidden_size
-        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        heads = rank_heads(
+            cfg.num_heads, cfg.num_kv_heads, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        )
+        self.heads, self.kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, cfg.head_dim
         self.input_layernorm = RMSNorm(H, eps=cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(H, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(H, eps=cfg.rms_norm_eps)
-        self.qkv_proj = QKVParallelLinear(2 * H, self.head_dim, self.heads, self.kv_heads, bias=False)
-        self.o_proj = RowParallelLinear(self.heads * self.head_dim, H, bias=False)
+        self.qkv_proj = QKVParallelLinear(2 * H, self.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=False)
+        self.o_proj = RowParallelLinear(cfg.num_heads * self.head_dim, H, bias=False)
         self.rope = PartialNeoxRope(self.head_dim, cfg.rope_theta)  # full rotary, NeoX pairing (Llama)
         self.attn = RadixAttention(
             self.heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.kv_heads, layer_id=layer_id
@@ -90,18 +95,20 @@ class M3Eagle3Draft(nn.Module):
         logits_config = copy.copy(config)
         logits_config.vocab_size = self.draft_vocab_size
         self.logits_processor = LogitsProcessor(logits_config)
-        self.embed = None  # the target's embedding, shared (``set_embed``)
+        object.__setattr__(self, "embed_tokens", None)  # the target's (vocab-parallel) embedding (``set_embed``)
         self.hot_token_id = None  # [draft_vocab] target ids, from ``d2t``
 
-    def set_embed(self, embed: torch.Tensor) -> None:
-        self.embed = embed
+    def set_embed(self, embed_tokens: nn.Module) -> None:
+        """Share the target's embedding module (under TP each rank holds a vocabulary shard). Held
+        outside the module tree: the target owns those weights."""
+        object.__setattr__(self, "embed_tokens", embed_tokens)
 
     def get_hot_token_id(self):
         return self.hot_token_id
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **_):
-        embeds = F.embedding(input_ids, self.embed) if input_embeds is None else input_embeds  # [T, H]
+        embeds = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [T, H]
         hidden = forward_batch.spec_info.hidden_states  # [T, 3H] target aux, or [T, H] own state
         if hidden.shape[-1] != embeds.shape[-1]:
             hidden = self.fc(hidden.to(self.fc.weight.dtype))
@@ -133,7 +140,7 @@ class M3Eagle3Draft(nn.Module):
             loader = getattr(param, "weight_loader", default_weight_loader)
             loader(param, tensor) if shard is None else loader(param, tensor, shard)
             loaded.add(name)
-        missing = sorted(set(params) - loaded - {"embed"})
+        missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"EAGLE3 draft checkpoint lacks {missing}")
         if self.draft_vocab_size != self.cfg.vocab_size and self.hot_token_id is None:

@@ -10,6 +10,7 @@ never from a hard-coded count.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Iterable
 
 import torch
@@ -22,24 +23,25 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
+from ..quant import check_quantization
 from .attention import M3Attention
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
-from .weights import map_name
+from .weights import EXPERT_PARAMS, KV_SCALE, map_name
 
 logger = logging.getLogger(__name__)
 
 
 class M3DecoderLayer(nn.Module):
-    def __init__(self, cfg: M3Config, layer_id: int, prefix: str):
+    def __init__(self, cfg: M3Config, layer_id: int, prefix: str, quant_config=None):
         super().__init__()
         self.input_layernorm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.self_attn = M3Attention(cfg, layer_id, prefix=f"{prefix}.self_attn")
+        self.self_attn = M3Attention(cfg, layer_id, prefix=f"{prefix}.self_attn", quant_config=quant_config)
         self.post_attention_layernorm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = (
-            MoE(cfg, prefix=f"{prefix}.mlp")
+            MoE(cfg, layer_id, prefix=f"{prefix}.mlp", quant_config=quant_config)
             if cfg.moe_layers[layer_id]
-            else DenseMLP(cfg, cfg.dense_intermediate_size, prefix=f"{prefix}.mlp")
+            else DenseMLP(cfg, cfg.dense_intermediate_size, prefix=f"{prefix}.mlp", quant_config=quant_config)
         )
 
     def forward(self, positions, hidden, forward_batch):
@@ -48,11 +50,12 @@ class M3DecoderLayer(nn.Module):
 
 
 class M3Model(nn.Module):
-    def __init__(self, cfg: M3Config, prefix: str = "model"):
+    def __init__(self, cfg: M3Config, prefix: str = "model", quant_config=None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, prefix=f"{prefix}.embed_tokens")
         self.layers = nn.ModuleList(
-            M3DecoderLayer(cfg, i, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
+            M3DecoderLayer(cfg, i, prefix=f"{prefix}.layers.{i}", quant_config=quant_config)
+            for i in range(cfg.num_layers)
         )
         self.norm = GemmaNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -74,18 +77,19 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
-        if quant_config is not None:
-            raise ValueError(f"sglang-m3 serves unquantised weights only; got quantization={quant_config.get_name()!r}")
+        check_quantization(quant_config)
         self.config = config
         self.m3 = M3Config.from_hf(config)
         text_config = getattr(config, "text_config", config)
-        self.model = M3Model(self.m3)
+        self.model = M3Model(self.m3, quant_config=quant_config)
         if self.m3.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(self.m3.vocab_size, self.m3.hidden_size, prefix="lm_head")
         self.logits_processor = LogitsProcessor(text_config)
         self.capture_layers: tuple[int, ...] = ()
+        # FP8 KV scales (value = fp8 x scale) per layer; 1.0 unless the checkpoint carries them.
+        self.kv_scales = [{"k": 1.0, "v": 1.0} for _ in range(self.m3.num_layers)]
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -107,18 +111,21 @@ class MiniMaxM3ForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded, skipped = set(), 0
         for name, tensor in weights:
-            target = map_name(name, self.m3.moe_intermediate_size)
+            target = map_name(name)
             if target is None:
                 skipped += 1
                 continue
             if target.param == "lm_head.weight" and self.m3.tie_word_embeddings:
                 continue
+            if target.param.endswith(KV_SCALE):
+                self._load_kv_scale(target, tensor)
+                continue
             if target.param not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no MiniMax-M3 parameter (mapped to {target.param!r})")
             param = params[target.param]
             loader = getattr(param, "weight_loader", default_weight_loader)
-            if target.expert is not None:
-                loader(param, tensor, target.expert, target.rows)
+            if target.param.endswith(EXPERT_PARAMS):
+                _load_experts(loader, param, name, tensor, target)
             elif target.shard is not None:
                 loader(param, tensor, target.shard)
             else:
@@ -129,6 +136,35 @@ class MiniMaxM3ForCausalLM(nn.Module):
         missing = sorted(set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set()))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters, e.g. {missing[:5]}")
+
+    def _load_kv_scale(self, target, tensor: torch.Tensor) -> None:
+        layer = int(target.param.split(".")[2])
+        value = float(tensor.float().reshape(-1)[0])
+        if tensor.numel() != 1 or not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"checkpoint {target.param.replace(KV_SCALE, target.shard + '_scale')}={tensor.tolist()}: "
+                "an FP8 KV scale must be one finite positive number per layer"
+            )
+        for which in target.shard:  # "k", "v" or "kv"
+            self.kv_scales[layer][which] = value
+
+    def kv_cache_scales(self) -> dict[int, tuple[float, float]]:
+        """Per-layer ``(k_scale, v_scale)`` for quantised KV rows: the checkpoint's, else 1.0."""
+        return {i: (s["k"], s["v"]) for i, s in enumerate(self.kv_scales)}
+
+
+def _load_experts(loader, param, name: str, tensor: torch.Tensor, target) -> None:
+    """Routed-expert tensors through FusedMoE's loader, which shards them for TP / EP."""
+    if target.expert is not None:  # released layout: one expert's w1 / w2 / w3
+        loader(param, tensor, name, target.shard, target.expert)
+        return
+    for expert, weight in enumerate(tensor):  # transformers' fused layout: [E, 2I, H] or [E, H, I]
+        if target.shard == "w13":
+            gate, up = weight.chunk(2, dim=0)
+            loader(param, gate, name, "w1", expert)
+            loader(param, up, name, "w3", expert)
+        else:
+            loader(param, weight, name, "w2", expert)
 
 
 class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3ForCausalLM):

@@ -1,19 +1,27 @@
 """M3 feed-forward blocks: the dense SwiGLU-OAI MLP and the sigmoid-routed MoE.
 
-On CUDA the experts run through SGLang's fused Triton MoE (``fused_experts``) with
-its GPT-OSS SwiGLU variant (``gemm1_alpha`` / ``gemm1_clamp_limit``, gate and up
-*not* interleaved): exactly M3's activation, and free of host syncs, so decode and
-verify can be captured in CUDA graphs. On CPU (no Triton) a torch loop over the
-routed experts is the path, and the oracle; SGLang's native MoE path ignores the
-alpha/limit for ``silu`` (DESIGN section 4). Expert weights are stacked
-(``w13 [E, 2I, H]``, ``w2 [E, H, I]``), the layout the fused kernel takes.
+The MoE is SGLang's own: ``FusedMoE`` owns the routed experts' weights (``w13_weight``
+``[E_local, 2 I / tp, H]`` gate rows then up rows, not interleaved; ``w2_weight``
+``[E_local, H, I / tp]``), shards them for tensor and expert parallelism through its
+weight loader and applies ``quant_config`` (FP8 and friends); ``TopK`` routes (sigmoid
+scores, selection on ``sigmoid + e_score_correction_bias``, renormalised weights, output x
+``routed_scaling_factor``). The SwiGLU-OAI gate goes through the MoE runner's
+``gemm1_alpha`` / ``gemm1_clamp_limit``. The shared expert is a separate tensor-parallel
+MLP; the routed and shared partial sums share one all-reduce.
+
+On CPU (no Triton, and SGLang's native MoE path ignores alpha/limit for ``silu``: DESIGN
+section 4) ``route`` and ``experts_ref`` are the path, over the same ``FusedMoE``
+parameters; they are also the test oracle of the CUDA path.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+from sglang.srt.layers.moe.topk import TopK
 from torch import nn
 
 from ..config import M3Config
@@ -21,84 +29,110 @@ from .layers import swiglu_oai
 
 
 class DenseMLP(nn.Module):
-    """``down(swiglu_oai(gate_up(x)))``; used for dense layers and the shared expert."""
+    """``down(swiglu_oai(gate_up(x)))``; used for dense layers and the shared expert.
 
-    def __init__(self, cfg: M3Config, intermediate_size: int, prefix: str):
+    ``reduce_results=False`` leaves the tensor-parallel partial sum to the caller (the MoE
+    adds it to the routed experts' partial sum before one all-reduce)."""
+
+    def __init__(self, cfg: M3Config, intermediate_size: int, prefix: str, quant_config=None, reduce_results=True):
         super().__init__()
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate_up_proj"
+            cfg.hidden_size,
+            [intermediate_size] * 2,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
         )
-        self.down_proj = RowParallelLinear(intermediate_size, cfg.hidden_size, bias=False, prefix=f"{prefix}.down_proj")
+        self.down_proj = RowParallelLinear(
+            intermediate_size,
+            cfg.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            reduce_results=reduce_results,
+            prefix=f"{prefix}.down_proj",
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.gate_up_proj(x)  # [T, 2I]
+        gate_up, _ = self.gate_up_proj(x)  # [T, 2I/tp]
         out, _ = self.down_proj(swiglu_oai(gate_up, self.alpha, self.limit))  # [T, H]
         return out
-
-
-def _expert_loader(param: nn.Parameter, loaded: torch.Tensor, expert: int | None = None, rows: slice | None = None):
-    """One expert's w1/w3/w2 into its rows, or (``expert=None``) all experts at once."""
-    if expert is None:
-        param.data.copy_(loaded)
-    else:
-        param.data[expert, rows].copy_(loaded)
 
 
 class MoE(nn.Module):
     """Sigmoid router with a selection bias, top-k renormalised weights, x routed_scaling, + shared expert."""
 
-    def __init__(self, cfg: M3Config, prefix: str):
+    def __init__(self, cfg: M3Config, layer_id: int, prefix: str, quant_config=None):
         super().__init__()
-        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.top_k, self.scale = cfg.top_k, cfg.routed_scaling_factor
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
-        self.intermediate = I
-        # The released router weight and bias are fp32; routing runs in fp32.
-        self.router = nn.Parameter(torch.empty(E, H, dtype=torch.float32), requires_grad=False)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(E, dtype=torch.float32), requires_grad=False)
-        self.w13 = nn.Parameter(torch.empty(E, 2 * I, H), requires_grad=False)  # w1 (gate) rows, then w3 (up)
-        self.w2 = nn.Parameter(torch.empty(E, H, I), requires_grad=False)
-        for p in (self.w13, self.w2):
-            p.weight_loader = _expert_loader
-        self.shared_experts = DenseMLP(cfg, cfg.shared_intermediate_size, prefix=f"{prefix}.shared_experts")
+        self.tp_size = get_tensor_model_parallel_world_size()
+        # The released router weight and bias are fp32; routing runs in fp32 (never quantised).
+        self.gate = ReplicatedLinear(
+            cfg.hidden_size, cfg.num_experts, bias=False, params_dtype=torch.float32, prefix=f"{prefix}.gate"
+        )
+        self.e_score_correction_bias = nn.Parameter(
+            torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False
+        )
+        self.experts = FusedMoE(
+            num_experts=cfg.num_experts,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.moe_intermediate_size,
+            layer_id=layer_id,
+            top_k=cfg.top_k,
+            reduce_results=False,
+            quant_config=quant_config,
+            activation="silu",
+            is_gated=True,
+            gemm1_alpha=cfg.swiglu_alpha,
+            gemm1_clamp_limit=cfg.swiglu_limit,
+            gate_up_interleaved=False,
+            prefix=f"{prefix}.experts",
+        )
+        self.topk = TopK(
+            top_k=cfg.top_k,
+            layer_id=layer_id,
+            renormalize=True,
+            scoring_func="sigmoid",
+            correction_bias=self.e_score_correction_bias,
+            routed_scaling_factor=cfg.routed_scaling_factor,
+            apply_routed_scaling_factor_on_output=True,
+        )
+        self.shared_experts = DenseMLP(
+            cfg,
+            cfg.shared_intermediate_size,
+            prefix=f"{prefix}.shared_experts",
+            quant_config=quant_config,
+            reduce_results=False,
+        )
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights ``[T, k]`` fp32, expert ids ``[T, k]``)."""
-        scores = torch.sigmoid(F.linear(x.float(), self.router))  # [T, E]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x.float())[0]  # [T, E] fp32
+        if x.is_cuda:
+            routed = self.experts(x, self.topk(x, logits))
+        else:
+            routed = self.experts_ref(x, *self.route(logits)) * self.scale
+        out = routed + self.shared_experts(x)  # [T, H]: this rank's partial sums
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits ``[T, E]`` -> (weights ``[T, k]`` fp32, expert ids ``[T, k]``)."""
+        scores = torch.sigmoid(logits.float())  # [T, E]
         _, ids = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1, sorted=False)
         weights = scores.gather(1, ids)
         return weights / weights.sum(dim=-1, keepdim=True), ids
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
-        routed = self._experts_fused(x, weights, ids) if x.is_cuda else self._experts_loop(x, weights, ids)
-        return routed * self.scale + self.shared_experts(x)
-
-    def _experts_fused(self, x, weights, ids):
-        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
-        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-        from sglang.srt.layers.moe.topk import StandardTopKOutput
-
-        config = MoeRunnerConfig(
-            num_experts=self.w13.shape[0],
-            num_local_experts=self.w13.shape[0],
-            top_k=self.top_k,
-            activation="silu",
-            is_gated=True,
-            inplace=False,
-            gemm1_alpha=self.alpha,
-            gemm1_clamp_limit=self.limit,
-            gate_up_interleaved=False,
-        )
-        topk = StandardTopKOutput(weights.to(torch.float32), ids.to(torch.int32), None)
-        return fused_experts(x, self.w13, self.w2, topk, config)
-
-    def _experts_loop(self, x, weights, ids):
+    def experts_ref(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's routed experts (its expert range, its slice of each expert's width) in torch."""
+        w13, w2 = self.experts.w13_weight, self.experts.w2_weight  # [E_local, 2I', H], [E_local, H, I']
+        first = self.experts.moe_ep_rank * w13.shape[0]
         routed = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
+            local = expert - first
+            if not 0 <= local < w13.shape[0]:
+                continue  # another expert-parallel rank's expert
             tok, slot = torch.nonzero(ids == expert, as_tuple=True)
-            h = swiglu_oai(F.linear(x[tok], self.w13[expert]), self.alpha, self.limit)  # [t, I]
-            y = F.linear(h, self.w2[expert]) * weights[tok, slot, None]  # [t, H] fp32
+            h = swiglu_oai(F.linear(x[tok], w13[local]), self.alpha, self.limit)  # [t, I']
+            y = F.linear(h, w2[local]) * weights[tok, slot, None]  # [t, H] fp32
             routed.index_add_(0, tok, y.to(x.dtype))
         return routed

@@ -17,64 +17,75 @@ from dataclasses import dataclass
 SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "patch_merge_mlp.", "mtp.", "model.mtp.")
 
 
+EXPERT_PARAMS = ("experts.w13_weight", "experts.w2_weight")  # FusedMoE's routed-expert parameters
+KV_SCALE = "kv_scale"  # Target.param suffix of a checkpoint's per-layer FP8 KV scale (not a parameter)
+
+
 @dataclass(frozen=True)
 class Target:
     param: str
-    shard: str | int | None = None  # fused-linear shard id (q/k/v, or 0/1 for gate/up)
+    # fused-linear shard id (q/k/v, or 0/1 for gate/up); FusedMoE's "w1" (gate) / "w3" (up) / "w2" (down);
+    # "w13" / "w2" with expert=None: transformers' fused layout, every expert in one tensor.
+    shard: str | int | None = None
     expert: int | None = None
-    rows: slice | None = None  # rows of the stacked expert tensor this tensor fills
 
 
 _LAYER = r"^model\.layers\.(\d+)\."
 _RULES: list[tuple[re.Pattern, callable]] = [
     (
         re.compile(_LAYER + r"self_attn\.([qkv])_proj\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.self_attn.qkv_proj.weight", m[2]),
+        lambda m: Target(f"model.layers.{m[1]}.self_attn.qkv_proj.weight", m[2]),
+    ),
+    # FP8 KV-cache scales of quantised checkpoints, in the spellings SGLang's loaders accept
+    # (``self_attn.k_scale``, ``self_attn.k_proj.k_scale``, ``self_attn.attn.k_scale``; ``kv_scale`` = both).
+    (
+        re.compile(_LAYER + r"self_attn\.(?:[kv]_proj\.|attn\.)?([kv]{1,2})_scale$"),
+        lambda m: Target(f"model.layers.{m[1]}.self_attn.{KV_SCALE}", shard=m[2]),
     ),
     (
         re.compile(_LAYER + r"self_attn\.index_([qk])_(proj|norm)\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_{m[3]}.weight"),
+        lambda m: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_{m[3]}.weight"),
     ),
     (
         re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(gate|up)_proj\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
     ),
     (
         re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.down_proj\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.down_proj.weight"),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.down_proj.weight"),
     ),
     (
         re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.router"),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.gate.weight"),
     ),
     (
         re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(?:gate\.)?e_score_correction_bias$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.e_score_correction_bias"),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.e_score_correction_bias"),
     ),
-    (re.compile(_LAYER + r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$"), lambda m, I: _expert(m, I)),
-    # transformers' fused layout: all experts in one tensor, gate rows before up rows (like w13).
-    (re.compile(_LAYER + r"mlp\.experts\.gate_up_proj$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.w13")),
-    (re.compile(_LAYER + r"mlp\.experts\.down_proj$"), lambda m, I: Target(f"model.layers.{m[1]}.mlp.w2")),
+    (
+        re.compile(_LAYER + r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$"),
+        lambda m: Target(_experts(m[1], m[3]), shard=f"w{m[3]}", expert=int(m[2])),
+    ),
+    # transformers' fused layout: all experts in one tensor, gate rows before up rows.
+    (re.compile(_LAYER + r"mlp\.experts\.gate_up_proj$"), lambda m: Target(_experts(m[1], "1"), shard="w13")),
+    (re.compile(_LAYER + r"mlp\.experts\.down_proj$"), lambda m: Target(_experts(m[1], "2"), shard="w2")),
     (
         re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.(gate|up)_proj\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.shared_experts.gate_up_proj.weight", 0 if m[2] == "gate" else 1),
     ),
     (
         re.compile(_LAYER + r"block_sparse_moe\.shared_experts\.down_proj\.weight$"),
-        lambda m, I: Target(f"model.layers.{m[1]}.mlp.shared_experts.down_proj.weight"),
+        lambda m: Target(f"model.layers.{m[1]}.mlp.shared_experts.down_proj.weight"),
     ),
 ]
 
 
-def _expert(m: re.Match, intermediate: int) -> Target:
-    layer, expert, w = m[1], int(m[2]), m[3]
-    if w == "2":
-        return Target(f"model.layers.{layer}.mlp.w2", expert=expert, rows=slice(None))
-    rows = slice(0, intermediate) if w == "1" else slice(intermediate, 2 * intermediate)  # w1 = gate, w3 = up
-    return Target(f"model.layers.{layer}.mlp.w13", expert=expert, rows=rows)
+def _experts(layer: str, w: str) -> str:
+    """FusedMoE's parameter for checkpoint weight ``w1`` / ``w3`` (gate / up: ``w13_weight``) or ``w2``."""
+    return f"model.layers.{layer}.mlp.experts.{'w2' if w == '2' else 'w13'}_weight"
 
 
-def map_name(name: str, moe_intermediate_size: int) -> Target | None:
+def map_name(name: str) -> Target | None:
     """Parameter target of a checkpoint tensor, or ``None`` for tensors text serving skips."""
     if name.startswith("language_model."):
         name = name[len("language_model.") :]
@@ -83,5 +94,5 @@ def map_name(name: str, moe_intermediate_size: int) -> Target | None:
     for pattern, build in _RULES:
         m = pattern.match(name)
         if m:
-            return build(m, moe_intermediate_size)
+            return build(m)
     return Target(name)

@@ -84,7 +84,7 @@ class M3Eagle3Worker(BaseSpecWorker):
         self._draft_worker = bundle.draft_worker
         self.draft_runner = bundle.draft_model_runner
         draft = self.draft_runner.model
-        draft.set_embed(target_worker.model_runner.model.get_embed_and_head()[0])
+        draft.set_embed(target_worker.model_runner.model.get_input_embeddings())
         hot = draft.get_hot_token_id()
         self.draft_to_target = hot.to(self.device) if hot is not None else None  # [V_draft] target ids
         logger.info("sglang-m3 EAGLE3 chain worker: %d draft steps, %d verify rows", self.num_steps, self.num_steps + 1)
