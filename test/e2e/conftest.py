@@ -24,11 +24,21 @@ def _triton_env():
       run SGLang's own Triton kernels on CPU and hide a missing CPU path.
     * IEEE fp32 dots: Triton's fp32 ``tl.dot`` defaults to TF32 on GPUs, which would break the
       token-exact fp32 comparisons of the GPU tests (SGLang's fused MoE, our MSA kernels).
+    * No TF32 in this process either: the transformers references run here, on the GPU in the
+      GPU tests, and must compute in true fp32 like the engine.
     """
+    import torch
+
+    precision = torch.get_float32_matmul_precision()
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)
         mp.setenv("TRITON_F32_DEFAULT", "ieee")
-        yield
+        mp.setattr(torch.backends.cudnn, "allow_tf32", False)
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(precision)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ checked against known truth: gold labels must give exactly 100%, shuffled
 labels exactly the (near-chance) agreement of the permutation, and injected
 timeouts / 5xx / dropped connections must be retried or counted, never
 silently dropped.  Datasets are small synthetic copies written to tmp_path,
-plus the project's real copies in shared/data when present.
+plus real copies of the data sets where ``$SGLANG_M3_DATA`` names them.
 """
 
 import csv
@@ -28,7 +28,8 @@ from sglang_m3.bench.extract import gsm8k_gold
 from sglang_m3.bench.mmlu import format_question
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+# Offline copies of the real data sets, where the environment names them (.ci/run does).
+SHARED = Path(os.environ.get("SGLANG_M3_DATA", "/nonexistent"))
 
 GSM8K_STYLES = [
     lambda g: f"Selling leaves fewer pens: 12 + 7 = 19 is a distractor.\n#### {g}",
@@ -390,7 +391,7 @@ def test_mmlu_subject_subset_and_unknown_subject(mmlu_dir, tmp_path):
     assert "unknown MMLU subject" in str(exc.value.code)
 
 
-@pytest.mark.skipif(not (SHARED / "mmlu").is_dir(), reason="shared/data/mmlu not present")
+@pytest.mark.skipif(not (SHARED / "mmlu").is_dir(), reason="$SGLANG_M3_DATA/mmlu not present")
 def test_mmlu_real_data_all_57_subjects(tmp_path):
     labels, _, _ = mmlu_labels(SHARED / "mmlu")
     with FakeOpenAIServer(mmlu_answer_fn(labels)) as server:
@@ -398,7 +399,7 @@ def test_mmlu_real_data_all_57_subjects(tmp_path):
     assert summary["num_subjects"] == 57 and summary["num_total"] == 57 and summary["accuracy"] == 1.0
 
 
-@pytest.mark.skipif(not (SHARED / "gsm8k").is_dir(), reason="shared/data/gsm8k not present")
+@pytest.mark.skipif(not (SHARED / "gsm8k").is_dir(), reason="$SGLANG_M3_DATA/gsm8k not present")
 def test_gsm8k_real_data_default_path(tmp_path):
     with FakeOpenAIServer(gsm8k_answer_fn(gsm8k_labels(SHARED / "gsm8k"))) as server:
         summary = gsm8k.main(common(server.url, tmp_path, "--num-questions", "40"))

@@ -58,7 +58,7 @@ def make_parser(
         p.add_argument(
             "--data-path",
             default=None,
-            help=f"local {what} (default: <repo>/../shared/data/{data} if present, else download)",
+            help=f"local {what} (default: $SGLANG_M3_DATA/{data} if present, else download)",
         )
     p.add_argument("--num-questions", type=int, default=None, help=num_questions_help)
     p.add_argument("--parallel", type=int, default=default_parallel, help=parallel_help)

@@ -3,8 +3,8 @@
 The benchmarks must run offline (CI, air-gapped GPU hosts) and on a fresh
 machine alike.  So: an explicit ``--data-path`` is used as given (for GSM8K
 the ``test.jsonl`` file, as SGLang's own script takes it, or its folder);
-otherwise ``<repo root>/../shared/data/<name>`` (this project's offline copy)
-is used when it exists; otherwise the canonical public files are downloaded once into
+otherwise ``$SGLANG_M3_DATA/<name>`` (an offline copy of the data sets) is used when
+that variable is set and the folder exists; otherwise the canonical public files are downloaded once into
 ``~/.cache/sglang_m3/bench/<name>`` (``$SGLANG_M3_BENCH_CACHE`` overrides).
 Any miss raises BenchError naming both ways to fix it.
 """
@@ -26,7 +26,6 @@ GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/g
 MMLU_URL = "https://people.eecs.berkeley.edu/~hendrycks/data.tar"
 
 # python/sglang_m3/bench/datasets.py -> repo root is three levels above the package.
-_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cache_dir(name: str) -> Path:
@@ -53,12 +52,16 @@ def _download(url: str, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+DATA_ENV = "SGLANG_M3_DATA"  # a folder holding gsm8k/ and mmlu/ offline copies
+
+
 def resolve_data_path(name: str, data_path: str | None) -> Path | None:
     """The directory to read ``name`` from, or None when it must be downloaded."""
     if data_path:
         return Path(data_path)
-    local = _REPO_ROOT.parent / "shared" / "data" / name
-    return local if local.is_dir() else None
+    root = os.environ.get(DATA_ENV)
+    local = Path(root) / name if root else None
+    return local if local is not None and local.is_dir() else None
 
 
 def _gsm8k_file(data_path: str | None, split: str) -> Path:

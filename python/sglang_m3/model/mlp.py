@@ -108,10 +108,12 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x.float())[0]  # [T, E] fp32
-        if x.is_cuda:
-            routed = self.experts(x, self.topk(x, logits))
-        else:
+        if not x.is_cuda:
             routed = self.experts_ref(x, *self.route(logits)) * self.scale
+        elif self.experts.quant_config is None:
+            routed = self._fused_unquantised(x, *self.route(logits)) * self.scale
+        else:
+            routed = self.experts(x, self.topk(x, logits))
         out = routed + self.shared_experts(x)  # [T, H]: this rank's partial sums
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
@@ -121,6 +123,35 @@ class MoE(nn.Module):
         _, ids = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1, sorted=False)
         weights = scores.gather(1, ids)
         return weights / weights.sum(dim=-1, keepdim=True), ids
+
+    def _fused_unquantised(self, x, weights, ids):
+        """SGLang's fused Triton MoE over FusedMoE's parameters with our fp32 routing.
+
+        Why not ``self.experts(x, self.topk(x, logits))`` for unquantised weights: on the H200 that
+        path gave prompt log-probs 1.5 away from transformers on the tiny M3 (fp32), where this call
+        matches; quantised weights need FusedMoE's own method and take that path (not yet validated
+        on a GPU)."""
+        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+        if self.experts.moe_ep_size > 1:  # other ranks' experts: id -1 is skipped by the kernel
+            first = self.experts.moe_ep_rank * w13.shape[0]
+            local = ids - first
+            ids = torch.where((local >= 0) & (local < w13.shape[0]), local, torch.full_like(local, -1))
+        config = MoeRunnerConfig(
+            num_experts=w13.shape[0],
+            num_local_experts=w13.shape[0],
+            top_k=self.top_k,
+            activation="silu",
+            is_gated=True,
+            inplace=False,
+            gemm1_alpha=self.alpha,
+            gemm1_clamp_limit=self.limit,
+            gate_up_interleaved=False,
+        )
+        return fused_experts(x, w13, w2, StandardTopKOutput(weights, ids.to(torch.int32), None), config)
 
     def experts_ref(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's routed experts (its expert range, its slice of each expert's width) in torch."""
