@@ -305,7 +305,7 @@ def test_missing_dataset_names_both_options(tmp_path, monkeypatch):
         gsm8k.main(["--data-path", str(tmp_path / "nowhere")])
     assert "--data-path" in str(exc.value.code) and "openai/grade-school-math" in str(exc.value.code)
     # Without --data-path and without a local copy it downloads; a failed download says the same.
-    monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv(datasets.DATA_ENV, raising=False)
     monkeypatch.setenv("SGLANG_M3_BENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(datasets, "MMLU_URL", (tmp_path / "missing.tar").as_uri())
     with pytest.raises(SystemExit) as exc:
@@ -315,7 +315,7 @@ def test_missing_dataset_names_both_options(tmp_path, monkeypatch):
 
 def test_download_from_canonical_layout(tmp_path, monkeypatch, gsm8k_dir, mmlu_dir):
     """The download path, fed from file:// URLs laid out like the canonical sources."""
-    monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv(datasets.DATA_ENV, raising=False)
     monkeypatch.setenv("SGLANG_M3_BENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(datasets, "GSM8K_URL", gsm8k_dir.as_uri() + "/{split}.jsonl")
     with tarfile.open(tmp_path / "data.tar", "w") as tar:
