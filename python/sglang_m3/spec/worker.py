@@ -20,8 +20,9 @@ One step (``K`` = ``--speculative-num-steps``, position ``s`` = ``seq_len``):
 
 Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots as
 the target's, so rejected positions are simply overwritten by the next step and
-finishing a request frees everything. The worker runs without overlap scheduling
-and without CUDA graphs for now (the server overrides say so at start-up).
+finishing a request frees everything. The worker runs without overlap scheduling (the
+server overrides turn it off at start-up); on CUDA the target's verify replays SGLang's
+captured graphs, the draft's passes run eagerly.
 """
 
 from __future__ import annotations
