@@ -154,7 +154,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
 
 def _load_experts(loader, param, name: str, tensor: torch.Tensor, target) -> None:
-    """Routed-expert tensors through FusedMoE's loader, which shards them for TP / EP."""
+    """Routed-expert tensors through FusedMoE's loader, which shards them for TP / EP. It dispatches on
+    the weight name (a name without "weight", like transformers' ``experts.gate_up_proj``, loads
+    nothing), so our parameter's name is passed."""
+    name = target.param
     if target.expert is not None:  # released layout: one expert's w1 / w2 / w3
         loader(param, tensor, name, target.shard, target.expert)
         return
