@@ -96,9 +96,9 @@ def test_checkpoint_kv_scales_are_used(tiny_vl, tmp_path, runs, corpus_ids):
             (scaled / f.name).symlink_to(f)
     for f in tiny_vl.glob("*.safetensors"):
         tensors = load_file(f)
-        for name in [n for n in tensors if n.endswith("self_attn.k_proj.weight")]:
+        for name in [n for n in tensors if n.startswith("language_model.") and n.endswith("self_attn.k_proj.weight")]:
             prefix = name.removesuffix("k_proj.weight")
-            tensors[prefix + "k_scale"] = tensors[prefix + "v_scale"] = torch.tensor(1.5)
+            tensors[prefix + "k_scale"], tensors[prefix + "v_scale"] = torch.tensor(1.5), torch.tensor(1.5)
         save_file(tensors, scaled / f.name, metadata={"format": "pt"})
     lp, _ = run_per_kv_dtype(scaled, ("fp8_e4m3",), prompts_from(corpus_ids), ENGINE_ARGS, NEW)["fp8_e4m3"]
     ref_lp, unit_lp = runs["auto"][0], runs["fp8_e4m3"][0]
