@@ -65,9 +65,14 @@ def per_group_indexer():
 
 
 def load_hf(path, variant: str):
-    """fp32 eager transformers model for a tiny checkpoint ('vl' or 'text')."""
+    """fp32 eager transformers model for a tiny checkpoint ('vl' or 'text').
+
+    Eager experts too: transformers' default ``grouped_mm`` experts call ``torch._grouped_mm``,
+    which takes no float64 and on a GPU is not the plain fp32 product the oracle must be."""
     cls = mm.MiniMaxM3SparseForConditionalGeneration if variant == "vl" else mm.MiniMaxM3VLForCausalLM
-    model, info = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    model, info = cls.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", output_loading_info=True
+    )
     return model.eval(), info
 
 

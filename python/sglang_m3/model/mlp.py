@@ -10,8 +10,8 @@ scores, selection on ``sigmoid + e_score_correction_bias``, renormalised weights
 MLP; the routed and shared partial sums share one all-reduce.
 
 On CPU (no Triton, and SGLang's native MoE path ignores alpha/limit for ``silu``: DESIGN
-section 4) ``route`` and ``experts_ref`` are the path, over the same ``FusedMoE``
-parameters; they are also the test oracle of the CUDA path.
+section 4) and for fp32 models on CUDA ``route`` and ``experts_ref`` are the path, over the
+same ``FusedMoE`` parameters; they are also the test oracle of the CUDA path.
 """
 
 from __future__ import annotations
@@ -107,14 +107,16 @@ class MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The shared expert first: SGLang's fused MoE writes its output into ``x`` (inplace).
+        shared = self.shared_experts(x)  # [T, H]: this rank's partial sum
         logits = self.gate(x.float())[0]  # [T, E] fp32
-        if not x.is_cuda:
-            routed = self.experts_ref(x, *self.route(logits)) * self.scale
-        elif self.experts.quant_config is None:
-            routed = self._fused_unquantised(x, *self.route(logits)) * self.scale
+        if x.is_cuda and x.dtype != torch.float32:
+            routed = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
         else:
-            routed = self.experts(x, self.topk(x, logits))
-        out = routed + self.shared_experts(x)  # [T, H]: this rank's partial sums
+            # No Triton on CPU; and SGLang's fused MoE computes fp32 inputs in fp16 (``compute_type``
+            # in moe_runner/triton_utils/fused_moe.py), which fp32 parity runs cannot take.
+            routed = self.experts_ref(x, *self.route(logits)) * self.scale
+        out = routed + shared
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,46 +126,26 @@ class MoE(nn.Module):
         weights = scores.gather(1, ids)
         return weights / weights.sum(dim=-1, keepdim=True), ids
 
-    def _fused_unquantised(self, x, weights, ids):
-        """SGLang's fused Triton MoE over FusedMoE's parameters with our fp32 routing.
-
-        Why not ``self.experts(x, self.topk(x, logits))`` for unquantised weights: on the H200 that
-        path gave prompt log-probs 1.5 away from transformers on the tiny M3 (fp32), where this call
-        matches; quantised weights need FusedMoE's own method and take that path (not yet validated
-        on a GPU)."""
-        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
-        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-        from sglang.srt.layers.moe.topk import StandardTopKOutput
-
-        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-        if self.experts.moe_ep_size > 1:  # other ranks' experts: id -1 is skipped by the kernel
-            first = self.experts.moe_ep_rank * w13.shape[0]
-            local = ids - first
-            ids = torch.where((local >= 0) & (local < w13.shape[0]), local, torch.full_like(local, -1))
-        config = MoeRunnerConfig(
-            num_experts=w13.shape[0],
-            num_local_experts=w13.shape[0],
-            top_k=self.top_k,
-            activation="silu",
-            is_gated=True,
-            inplace=False,
-            gemm1_alpha=self.alpha,
-            gemm1_clamp_limit=self.limit,
-            gate_up_interleaved=False,
-        )
-        return fused_experts(x, w13, w2, StandardTopKOutput(weights, ids.to(torch.int32), None), config)
-
     def experts_ref(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's routed experts (its expert range, its slice of each expert's width) in torch."""
+        """This rank's routed experts (its expert range, its slice of each expert's width) in torch.
+
+        On CPU each expert runs on the rows routed to it. On CUDA every local expert runs on every
+        row, weighted 0 where not routed (exact: the SwiGLU is clamped, so finite): no host sync,
+        so CUDA graphs capture it."""
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight  # [E_local, 2I', H], [E_local, H, I']
-        first = self.experts.moe_ep_rank * w13.shape[0]
+        local_ids = ids - self.experts.moe_ep_rank * w13.shape[0]  # other EP ranks' experts fall outside
+        if x.is_cuda:
+            experts = range(w13.shape[0])
+        else:
+            experts = [e for e in torch.unique(local_ids).tolist() if 0 <= e < w13.shape[0]]
         routed = torch.zeros_like(x)
-        for expert in torch.unique(ids).tolist():
-            local = expert - first
-            if not 0 <= local < w13.shape[0]:
-                continue  # another expert-parallel rank's expert
-            tok, slot = torch.nonzero(ids == expert, as_tuple=True)
-            h = swiglu_oai(F.linear(x[tok], w13[local]), self.alpha, self.limit)  # [t, I']
-            y = F.linear(h, w2[local]) * weights[tok, slot, None]  # [t, H] fp32
-            routed.index_add_(0, tok, y.to(x.dtype))
+        for expert in experts:
+            hit = local_ids == expert  # [T, k]
+            if x.is_cuda:
+                h = swiglu_oai(F.linear(x, w13[expert]), self.alpha, self.limit)  # [T, I']
+                routed += (F.linear(h, w2[expert]) * (weights * hit).sum(-1, keepdim=True)).to(x.dtype)
+                continue
+            tok, slot = torch.nonzero(hit, as_tuple=True)
+            h = swiglu_oai(F.linear(x[tok], w13[expert]), self.alpha, self.limit)  # [t, I']
+            routed.index_add_(0, tok, (F.linear(h, w2[expert]) * weights[tok, slot, None]).to(x.dtype))
         return routed
