@@ -110,3 +110,38 @@ def test_fp8_kv_scale_names(name, shard):
 
     target = map_name(name)
     assert (target.param, target.shard) == (f"model.layers.3.self_attn.{KV_SCALE}", shard)
+
+
+@pytest.mark.parametrize(
+    "name, param, shard, expert",
+    [
+        (
+            "language_model.model.layers.3.self_attn.q_proj.weight_scale_inv",
+            "model.layers.3.self_attn.qkv_proj.weight_scale_inv",
+            "q",
+            None,
+        ),
+        (
+            "model.layers.3.block_sparse_moe.experts.7.w2.weight_scale_inv",
+            "model.layers.3.mlp.experts.w2_weight_scale_inv",
+            "w2",
+            7,
+        ),
+        (
+            "model.layers.3.block_sparse_moe.experts.0.w3.weight_scale_inv",
+            "model.layers.3.mlp.experts.w13_weight_scale_inv",
+            "w3",
+            0,
+        ),
+        ("model.layers.0.mlp.down_proj.weight_scale", "model.layers.0.mlp.down_proj.weight_scale", None, None),
+        (
+            "model.layers.4.block_sparse_moe.shared_experts.gate_proj.input_scale",
+            "model.layers.4.mlp.shared_experts.gate_up_proj.input_scale",
+            0,
+            None,
+        ),
+    ],
+)
+def test_fp8_checkpoint_scales_follow_their_weight(name, param, shard, expert):
+    target = map_name(name)
+    assert (target.param, target.shard, target.expert) == (param, shard, expert)

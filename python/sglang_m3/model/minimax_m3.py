@@ -27,7 +27,7 @@ from ..quant import check_quantization
 from .attention import M3Attention
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
-from .weights import EXPERT_PARAMS, KV_SCALE, map_name
+from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, map_name
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
         check_quantization(quant_config)
-        self.config = config
+        self.config, self.quant_config = config, quant_config
         self.m3 = M3Config.from_hf(config)
         text_config = getattr(config, "text_config", config)
         self.model = M3Model(self.m3, quant_config=quant_config)
@@ -124,7 +124,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no MiniMax-M3 parameter (mapped to {target.param!r})")
             param = params[target.param]
             loader = getattr(param, "weight_loader", default_weight_loader)
-            if target.param.endswith(EXPERT_PARAMS):
+            if EXPERT_PARAMS in target.param:
                 _load_experts(loader, param, name, tensor, target)
             elif target.shard is not None:
                 loader(param, tensor, target.shard)
@@ -133,7 +133,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
             loaded.add(target.param)
         if skipped:
             logger.info("sglang-m3: skipped %d vision/MTP tensors (text serving)", skipped)
-        missing = sorted(set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set()))
+        missing = set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set())
+        if self.quant_config is not None:  # scales an online method (--quantization fp8) computes after loading
+            missing = {name for name in missing if not name.endswith(QUANT_SCALES)}
+        missing = sorted(missing)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters, e.g. {missing[:5]}")
 

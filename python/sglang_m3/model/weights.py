@@ -11,13 +11,14 @@ fused ``experts.gate_up_proj [E, 2I, H]``, ``mlp.gate``, ``self_attn.indexer.*``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Tensors of the checkpoint that text serving does not use (one log line says how many).
 SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "patch_merge_mlp.", "mtp.", "model.mtp.")
 
 
-EXPERT_PARAMS = ("experts.w13_weight", "experts.w2_weight")  # FusedMoE's routed-expert parameters
+EXPERT_PARAMS = ".mlp.experts.w"  # FusedMoE's routed-expert parameters (w13_ / w2_ weights and scales)
+QUANT_SCALES = ("_scale", "_scale_inv")  # suffixes of quantisation scale parameters (weight_scale, input_scale, ...)
 KV_SCALE = "kv_scale"  # Target.param suffix of a checkpoint's per-layer FP8 KV scale (not a parameter)
 
 
@@ -85,12 +86,21 @@ def _experts(layer: str, w: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{'w2' if w == '2' else 'w13'}_weight"
 
 
+# Scales of an FP8 checkpoint beside a weight (block-FP8: ``weight_scale_inv``); they go to the parameter
+# of that weight's name with the same suffix (``qkv_proj.weight_scale_inv``, ``experts.w13_weight_scale_inv``).
+_WEIGHT_SCALE = re.compile(r"^(.+)\.(weight_scale_inv|weight_scale|input_scale)$")
+
+
 def map_name(name: str) -> Target | None:
     """Parameter target of a checkpoint tensor, or ``None`` for tensors text serving skips."""
     if name.startswith("language_model."):
         name = name[len("language_model.") :]
     if name.startswith(SKIPPED_PREFIXES):
         return None
+    scale = _WEIGHT_SCALE.match(name)
+    if scale:
+        target = map_name(scale[1] + ".weight")
+        return replace(target, param=target.param.removesuffix("weight") + scale[2])
     for pattern, build in _RULES:
         m = pattern.match(name)
         if m:
