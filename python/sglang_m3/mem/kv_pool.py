@@ -25,6 +25,7 @@ from sglang_m3_kernels.kv_quant import (
 
 from ..config import DraftConfig, M3Config
 from ..parallel import rank_heads
+from ..sizing import describe, rank_weights
 from .layout import FP8, PLAIN, KVLayout, bytes_per_token
 
 logger = logging.getLogger(__name__)
@@ -185,13 +186,23 @@ def rank_budget(kvc):
 
 
 def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
-    """``KVCacheConfigurator``-side constructor (see ``plugin.py``)."""
+    """``KVCacheConfigurator``-side constructor (see ``plugin.py``); logs what one rank holds."""
     cfg, layout, kv_heads, draft_heads, budget = rank_budget(kvc)
+    args = kvc.server_args
+    weights = rank_weights(
+        cfg,
+        args.tp_size,
+        args.ep_size,
+        getattr(kvc.model_config, "quantization", None) or args.quantization,
+        torch._utils._element_size(kvc.model_dtype),
+    )
     logger.info(
-        "sglang-m3 KV pool (%s, per rank of TP %d: %d KV heads/layer): %d B/token = dense layer %d + sparse layer %d"
-        " + index-K %d per sparse layer + draft %d; capacity %d tokens (%d pages of %d)",
+        "sglang-m3 per rank of TP %d / EP %d: weights %s; KV (%s, %d KV heads/layer) %d B/token = dense layer %d"
+        " + sparse layer %d + index-K %d per sparse layer + draft %d; capacity %d tokens (%d pages of %d)",
+        args.tp_size,
+        args.ep_size,
+        describe(weights),
         layout.name,
-        kvc.server_args.tp_size,
         kv_heads,
         budget["total"],
         budget["dense_layer"],

@@ -1,0 +1,117 @@
+"""What one rank holds: weight bytes per component, KV bytes per token, token capacity.
+
+Computed from the parsed config and the parallel layout (``parallel.py``), the way the model
+builds its layers: the start-up log line, the README capacity table and the benchmarks'
+HBM floors all come from here. Vocabulary padding (SGLang pads the vocabulary-parallel
+embedding and head to a multiple of 64 per rank) and norm / scale vectors below 0.01 % of
+the total are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import M3Config
+from .parallel import rank_heads
+
+GIB = 1 << 30
+# Bytes per element of the matrices SGLang's fp8 method quantises (attention and MLP / expert
+# projections); the embedding, head, indexer projections and norms stay in the model dtype, the
+# router in fp32.
+FP8_ELEMENT_BYTES = 1
+
+
+@dataclass(frozen=True)
+class RankWeights:
+    """Bytes of one rank's weights, by component (all layers)."""
+
+    embed: int
+    head: int
+    attention: int  # q/k/v/o projections
+    indexer: int  # index q/k projections of the sparse layers
+    dense_mlp: int
+    shared_experts: int
+    router: int
+    experts: int  # this rank's routed experts (its expert range, its slice of each)
+
+    @property
+    def total(self) -> int:
+        return sum(vars(self).values())
+
+
+def _linear_bytes(quantization: str | None, dtype_bytes: int) -> int:
+    return FP8_ELEMENT_BYTES if quantization == "fp8" else dtype_bytes
+
+
+def expert_bytes(cfg: M3Config, quantization: str | None = None, width_parts: int = 1, dtype_bytes: int = 2) -> int:
+    """One routed expert's gate, up and down matrices (``width_parts``: ranks its width splits over)."""
+    return 3 * cfg.hidden_size * cfg.moe_intermediate_size // width_parts * _linear_bytes(quantization, dtype_bytes)
+
+
+def rank_weights(
+    cfg: M3Config, tp: int = 1, ep: int = 1, quantization: str | None = None, dtype_bytes: int = 2
+) -> RankWeights:
+    """Weights of one rank at ``--tp-size tp --ep-size ep``, in a model dtype of ``dtype_bytes``
+    (2: BF16), the projections in FP8 with ``quantization="fp8"``."""
+    q, b = _linear_bytes(quantization, dtype_bytes), dtype_bytes
+    h, d = cfg.hidden_size, cfg.head_dim
+    heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0)
+    attention = h * d * (2 * heads.q_heads + 2 * heads.kv_heads) * q  # q, k, v in; o out
+    indexer = h * cfg.msa.index_dim * (heads.kv_heads + 1) * b  # this rank's index-q heads + the shared index-k
+    moe_layers = sum(cfg.moe_layers)
+    return RankWeights(
+        embed=cfg.vocab_size // tp * h * b,
+        head=0 if cfg.tie_word_embeddings else cfg.vocab_size // tp * h * b,
+        attention=cfg.num_layers * attention,
+        indexer=len(cfg.sparse_layer_ids) * indexer,
+        dense_mlp=(cfg.num_layers - moe_layers) * 3 * h * cfg.dense_intermediate_size // tp * q,
+        shared_experts=moe_layers * 3 * h * cfg.shared_intermediate_size // tp * q,
+        router=moe_layers * h * cfg.num_experts * 4,
+        experts=moe_layers * cfg.num_experts // ep * expert_bytes(cfg, quantization, tp // ep, dtype_bytes),
+    )
+
+
+def token_capacity(free_bytes: float, mem_fraction_static: float, weights: int, kv_bytes_per_token: int) -> int:
+    """Tokens the KV pool holds when SGLang sizes it (``KVCacheConfigurator``): the memory free before
+    the weights load, times ``mem_fraction_static``, less the weights, over the bytes of one token."""
+    return max(0, int((free_bytes * mem_fraction_static - weights) // kv_bytes_per_token))
+
+
+def describe(weights: RankWeights) -> str:
+    """``"12.34 GiB (experts 10.00, attention 1.00, ...)"``: the start-up log's weight figure."""
+    parts = sorted(((v, k) for k, v in vars(weights).items() if v), reverse=True)
+    return f"{weights.total / GIB:.2f} GiB (" + ", ".join(f"{k} {v / GIB:.2f}" for v, k in parts) + ")"
+
+
+def experts_touched(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts ``tokens`` rows route to when each picks ``top_k`` of ``num_experts``
+    uniformly at random: ``E (1 - (1 - k/E)^tokens)`` (e.g. 29 of 128 at 8 rows, 82 at 32)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def decode_step_bytes(
+    cfg: M3Config, batch: int, context: int, kv: dict[str, int], weights: RankWeights, rows: int = 1
+) -> dict[str, float]:
+    """Bytes one decode step must move on one rank (its HBM floor is their sum over the bandwidth).
+
+    ``batch`` requests of ``context`` tokens each, ``rows`` query rows per request (1; 1 + drafts
+    in a verify step), ``kv``: ``bytes_per_token`` of the rank. Weights: everything except the
+    routed experts once, plus the experts the step's rows touch under random routing. KV: every
+    token of the dense layers; on sparse layers the selected blocks (top-k, at most the context)
+    and the index-K of every token.
+    """
+    msa = cfg.msa
+    moe_layers = sum(cfg.moe_layers)
+    per_expert = weights.experts / max(moe_layers, 1) / cfg.num_experts  # one expert, this rank's part
+    selected = min(context, msa.topk_blocks * msa.block_size)
+    return {
+        "weights": float(weights.total - weights.experts - weights.embed),  # embedding: B rows only
+        "experts": moe_layers * experts_touched(cfg.num_experts, cfg.top_k, batch * rows) * per_expert,
+        "kv": float(
+            batch
+            * (
+                len(cfg.dense_layer_ids) * context * kv["dense_layer"]
+                + len(cfg.sparse_layer_ids) * (selected * kv["sparse_layer"] + context * kv["index_k"])
+            )
+        ),
+    }

@@ -1,0 +1,87 @@
+"""Per-rank weight bytes from the config against the released tensor list, and how they shard."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+
+import pytest
+from sglang_m3.config import M3Config
+from sglang_m3.sizing import GIB, rank_weights, token_capacity
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RELEASED = ROOT / "python/sglang_m3/assets/minimax-m3-config.json"
+TENSORS = ROOT / "docs/minimax-m3-tensors.md"
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+
+
+@pytest.fixture(scope="module")
+def released() -> M3Config:
+    return M3Config.from_hf(json.loads(RELEASED.read_text()))
+
+
+def _expand(name: str, num_layers: int) -> int:
+    """How many tensors a row of the table names: ``{a-b}`` ranges, ``{x,y}`` lists, ``N`` = every layer."""
+    count = num_layers if ".N." in name else 1
+    for group in re.findall(r"\{([^}]*)\}", name):
+        if re.fullmatch(r"\d+-\d+", group):
+            lo, hi = map(int, group.split("-"))
+            count *= hi - lo + 1
+        else:
+            count *= len(group.split(","))
+    return count
+
+
+def released_text_bytes(num_layers: int) -> int:
+    """Bytes of the language model's tensors in the released checkpoint, from docs/minimax-m3-tensors.md."""
+    total = 0
+    for line in TENSORS.read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("language_model."):
+            continue
+        shape = [int(x) for x in re.findall(r"\d+", cells[1])]
+        total += _expand(cells[0], num_layers) * math.prod(shape) * DTYPE_BYTES[cells[2]]
+    return total
+
+
+def test_tp1_weights_match_the_released_tensor_list(released):
+    expected = released_text_bytes(released.num_layers)
+    assert expected > 790 * GIB  # the table was read (793.9 GiB of text weights)
+    got = rank_weights(released).total
+    assert abs(got - expected) / expected < 1e-4  # norm vectors are left out
+
+
+@pytest.mark.parametrize("tp,ep", [(2, 1), (4, 1), (8, 1), (8, 2), (8, 8)])
+def test_ranks_together_hold_the_model_once_except_replicas(released, tp, ep):
+    one, rank = rank_weights(released), rank_weights(released, tp, ep)
+    for part in ("embed", "head", "dense_mlp", "shared_experts", "experts"):
+        assert getattr(rank, part) * tp == getattr(one, part), part
+    assert rank.router == one.router  # replicated on every rank
+    # 4 KV heads: up to TP4 they split; at TP8 each lives on two ranks, so q splits 8-way and k/v 4-way
+    kv = 2 * released.hidden_size * released.head_dim * released.num_layers * released.num_kv_heads * 2  # k, v; bf16
+    assert rank.attention * tp == one.attention + (kv * (tp // 4 - 1) if tp > 4 else 0)
+
+
+def test_fp8_halves_the_projections_only(released):
+    bf16, fp8 = rank_weights(released, 4), rank_weights(released, 4, quantization="fp8")
+    for part in ("attention", "dense_mlp", "shared_experts", "experts"):
+        assert getattr(fp8, part) * 2 == getattr(bf16, part), part
+    for part in ("embed", "head", "indexer", "router"):
+        assert getattr(fp8, part) == getattr(bf16, part), part
+
+
+def test_token_capacity():
+    assert token_capacity(100 * GIB, 0.9, 50 * GIB, 1 << 20) == 40 * 1024
+    assert token_capacity(100 * GIB, 0.5, 60 * GIB, 1 << 20) == 0
+
+
+def test_every_tensor_row_counted():
+    rows = [line for line in TENSORS.read_text().splitlines() if line.startswith("| language_model.")]
+    names = [r.split("|")[1].strip() for r in rows]
+    assert len(names) == len(set(names)) == 19
+    assert all(_expand(n, 60) >= 1 for n in names)
+    assert _expand("language_model.model.layers.{3-59}.block_sparse_moe.experts.{0-127}.{w1,w3}.weight", 60) == (
+        57 * 128 * 2
+    )
