@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""A real-width M3 on one GPU: sglang-m3 beside stock SGLang's own M3 path, in one run.
+
+The released config.json cut to ``--dense-layers`` dense + ``--sparse-layers`` sparse MoE layers
+(full width: hidden 6144, 64 q / 4 KV heads, 128 experts, vocabulary 200,064), ``--load-format
+dummy``, TP1, CUDA graphs. Each implementation is its own process (``--impls``):
+
+* ``ours``: sglang-m3 (the installed plugin);
+* ``stock``: SGLang 0.5.17's own M3 path, as DESIGN section 9 says it runs on the H200 with the
+  offline kit: ``attention_backend="triton"``, ``enable_multimodal=False``, and the plugin kept
+  out with ``SGLANG_PLUGINS=<a name that matches nothing>``;
+* ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``.
+
+Measured per implementation: decode TPOT at every ``--batches`` with ``--input-len`` prompts and
+at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
+of the batch is decoding), prefill latency of one prompt per ``--prefill-lens``, and, at
+``--profile-batches``, a torch-profiler trace of decode steps reduced to time per component.
+Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``).
+
+    python3 scripts/bench_scaled.py --out benchmarks/e2e_scaled.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import datetime
+import gzip
+import json
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
+NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
+# Kernel-name patterns -> component of a decode step (first match wins).
+COMPONENTS = (
+    ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
+    ("indexer", ("index", "topk", "select", "score")),
+    ("attention", ("attn", "attention", "msa", "decode_", "_fwd_kernel", "merge", "flash", "kv_store", "store_kv")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90", "matmul", "splitk", "gemv")),
+    ("norm", ("norm",)),
+    ("sampling", ("softmax", "argmax", "sampl", "log_softmax", "logit")),
+)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--impls", default="stock,ours", help="comma list of ours, stock, ours:fp8, stock:fp8")
+    p.add_argument("--dense-layers", type=int, default=1)
+    p.add_argument("--sparse-layers", type=int, default=3)
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--input-len", type=int, default=8192)
+    p.add_argument("--long-batches", default="1,8")
+    p.add_argument("--long-len", type=int, default=65536)
+    p.add_argument("--prefill-lens", default="8192,32768")
+    p.add_argument("--output-len", type=int, default=48)
+    p.add_argument("--profile-batches", default="1,32", help="decode steps traced at these batches ('' = none)")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--hbm-tbps", type=float, default=4.3, help="HBM bandwidth of the floor (H200: ~4.3 TB/s)")
+    p.add_argument("--out", default="bench_results/e2e_scaled.json")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
+    p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def cut_config(dense: int, sparse: int) -> dict:
+    """The released config with its first ``dense`` dense layers and its first ``sparse`` sparse layers."""
+    cfg = json.loads(RELEASED.read_text())
+    cfg.pop("auto_map", None)
+    text = cfg["text_config"]
+    msa = text["sparse_attention_config"]
+    msa = ast.literal_eval(msa) if isinstance(msa, str) else msa
+    freq = msa["sparse_attention_freq"]
+    keep = [i for i, s in enumerate(freq) if not s][:dense] + [i for i, s in enumerate(freq) if s][:sparse]
+    text["num_hidden_layers"] = len(keep)
+    text["moe_layer_freq"] = [text["moe_layer_freq"][i] for i in keep]
+    for key in ("sparse_attention_freq", "sparse_disable_index_value"):
+        msa[key] = [msa[key][i] for i in keep]
+    text["sparse_attention_config"] = msa
+    return cfg
+
+
+def make_model_dir(args) -> pathlib.Path:
+    """config.json of the cut model + the embedded tiny M3's tokenizer files (ids are sent directly)."""
+    from sglang_m3.tiny import default_checkpoint
+
+    out = pathlib.Path(tempfile.mkdtemp(prefix="m3-scaled-"))
+    (out / "config.json").write_text(json.dumps(cut_config(args.dense_layers, args.sparse_layers), indent=1))
+    for f in pathlib.Path(default_checkpoint("m3-tiny", "vl")).iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "generation_config.json"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 190000) for _ in range(length)] for _ in range(n)]
+
+
+async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -> list[tuple[float, int]]:
+    """``(arrival time, completion tokens so far)`` per streamed chunk of one request."""
+    sampling = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    marks = [] if marks is None else marks
+    async for chunk in await engine.async_generate(input_ids=ids, sampling_params=sampling, stream=True):
+        marks.append((time.perf_counter(), chunk["meta_info"]["completion_tokens"]))
+    return marks
+
+
+def decode_tpot(engine, prompts: list[list[int]], new: int) -> float:
+    """Seconds per decode step while every request of the batch decodes: from the last request's first
+    token to the first request's last token, over the steps request 0 took in that window."""
+    marks = engine.loop.run_until_complete(asyncio.gather(*(_stream(engine, p, new) for p in prompts)))
+    start = max(m[0][0] for m in marks)
+    end = min(m[-1][0] for m in marks)
+    steps = [sum(1 for t, _ in m if start < t <= end) for m in marks]
+    if end <= start or min(steps) < 4:
+        raise RuntimeError(f"no full-batch decode window (steps {steps}): raise --output-len")
+    tokens = [max(n for t, n in m if t <= end) - max(n for t, n in m if t <= start) for m in marks]
+    return (end - start) / (sum(tokens) / len(tokens))
+
+
+def prefill_latency(engine, length: int, seed: int) -> float:
+    start = time.perf_counter()
+    engine.generate(input_ids=_prompts(1, length, seed), sampling_params={"max_new_tokens": 1})
+    return time.perf_counter() - start
+
+
+def profile_decode(engine, batch: int, length: int, trace_dir: pathlib.Path, steps: int = 8) -> dict:
+    """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component.
+
+    The profiler is started once every request is decoding: started with the batch, it would also
+    record the prefill kernels still running on the GPU while the scheduler launches the first
+    decode step (overlap scheduling)."""
+    from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
+
+    async def run():
+        marks = [[] for _ in range(batch)]
+        prompts = _prompts(batch, length, 99 + batch)
+        tasks = [asyncio.ensure_future(_stream(engine, p, 4 * steps + 16, m)) for p, m in zip(prompts, marks)]
+        while min(len(m) for m in marks) < 4:
+            await asyncio.sleep(0.002)
+        req = ProfileReq(
+            req_type=ProfileReqType.START_PROFILE,
+            output_dir=str(trace_dir),
+            num_steps=steps,
+            activities=["GPU"],
+            profile_by_stage=True,
+            profile_stages=["decode"],
+        )
+        await engine.tokenizer_manager.start_profile(req)
+        await asyncio.gather(*tasks)
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    engine.loop.run_until_complete(run())
+    for _ in range(60):  # the scheduler writes the trace after the last traced step
+        traces = sorted(trace_dir.glob("*.trace.json.gz"))
+        if traces:
+            break
+        time.sleep(1)
+    else:
+        raise RuntimeError(f"no trace written under {trace_dir}")
+    time.sleep(2)
+    return summarise_trace(traces[-1], steps)
+
+
+def summarise_trace(path: pathlib.Path, steps: int) -> dict:
+    """ms per step: GPU kernel time per component, and host gaps (the span no kernel ran in)."""
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    if not kernels:
+        return {"error": "no kernel events in the trace"}
+    per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
+    busy, edge = 0.0, kernels[0][0]
+    for ts, dur, name in kernels:
+        low = name.lower()
+        part = next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
+        per[part] += dur
+        busy += max(0.0, ts + dur - max(ts, edge))
+        edge = max(edge, ts + dur)
+    span = edge - kernels[0][0]
+    out = {k: v / 1e3 / steps for k, v in per.items()}
+    out["host_gaps"] = (span - busy) / 1e3 / steps
+    out["step"] = span / 1e3 / steps
+    top = {}
+    for _, dur, name in kernels:
+        top[name] = top.get(name, 0.0) + dur
+    out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]}
+    return out
+
+
+def run_one(args) -> None:
+    """One implementation in this process; one JSON object per line on stdout (``RESULT {...}``)."""
+    import sglang as sgl
+
+    impl, _, quant = args.one.partition(":")
+    batches, long_batches = _ints(args.batches), _ints(args.long_batches)
+    need = max(
+        [b * (args.input_len + args.output_len + 8) for b in batches]
+        + [b * (args.long_len + args.output_len + 8) for b in long_batches]
+        + [max(_ints(args.prefill_lens) or [0]) + 16]
+    )
+    engine_args = dict(
+        model_path=args.model_dir,
+        load_format="dummy",
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_total_tokens=need + 4096,
+        cuda_graph_max_bs_decode=max(batches + long_batches),
+        mem_fraction_static=0.85,
+        log_level="info",
+    )
+    if quant:
+        engine_args["quantization"] = quant
+    if impl == "stock":
+        engine_args.update(attention_backend="triton", enable_multimodal=False)
+    t0 = time.perf_counter()
+    engine = sgl.Engine(**engine_args)
+    emit = lambda **r: print("RESULT " + json.dumps(dict(impl=args.one, **r)), flush=True)  # noqa: E731
+    emit(kind="startup", seconds=time.perf_counter() - t0)
+    try:
+        engine.generate(input_ids=_prompts(2, 4096, 1), sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+        for b in batches:
+            emit(
+                kind="tpot",
+                batch=b,
+                context=args.input_len,
+                ms=1e3 * decode_tpot(engine, _prompts(b, args.input_len, 1000 + b), args.output_len),
+            )
+            engine.flush_cache()
+        for b in long_batches:
+            emit(
+                kind="tpot",
+                batch=b,
+                context=args.long_len,
+                ms=1e3 * decode_tpot(engine, _prompts(b, args.long_len, 2000 + b), args.output_len),
+            )
+            engine.flush_cache()
+        for n in _ints(args.prefill_lens):
+            prefill_latency(engine, n, 3000 + n)  # warm-up at this length
+            engine.flush_cache()
+            emit(kind="prefill", batch=1, context=n, ms=1e3 * prefill_latency(engine, n, 4000 + n))
+            engine.flush_cache()
+        for b in _ints(args.profile_batches):
+            trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-traces" / f"{args.one.replace(':', '-')}-b{b}"
+            emit(
+                kind="profile",
+                batch=b,
+                context=args.input_len,
+                ms_per_step=profile_decode(engine, b, args.input_len, trace_dir),
+            )
+            engine.flush_cache()
+    finally:
+        engine.shutdown()
+
+
+def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
+    """Add ``floor_ms`` (and ``vs_floor``) to every TPOT record of an unquantised or fp8 run."""
+    import torch
+    from sglang_m3.config import M3Config
+    from sglang_m3.mem.layout import bytes_per_token, layout_for
+    from sglang_m3.sizing import decode_step_bytes, rank_weights
+
+    cfg = M3Config.from_hf(json.loads((model_dir / "config.json").read_text()))
+    kv = bytes_per_token(cfg, layout_for(args.kv_cache_dtype, torch.bfloat16))
+    for r in records:
+        if r["kind"] != "tpot":
+            continue
+        quant = r["impl"].partition(":")[2] or None
+        parts = decode_step_bytes(cfg, r["batch"], r["context"], kv, rank_weights(cfg, quantization=quant))
+        r["floor_ms"] = sum(parts.values()) / (args.hbm_tbps * 1e12) * 1e3
+        r["floor_parts_gb"] = {k: round(v / 1e9, 3) for k, v in parts.items()}
+        r["vs_floor"] = r["ms"] / r["floor_ms"]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.one:
+        run_one(args)
+        return {}
+    model_dir = make_model_dir(args)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records, startup_lines = [], {}
+    for impl in args.impls.split(","):
+        env = dict(os.environ)
+        if impl.startswith("stock"):
+            env["SGLANG_PLUGINS"] = NO_PLUGIN
+        cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir)] + (argv or sys.argv[1:])
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                records.append(json.loads(line[len("RESULT ") :]))
+                print(line, flush=True)
+            elif "sglang-m3 per rank" in line or "Load weight end" in line or "max_total_num_tokens" in line:
+                startup_lines.setdefault(impl, []).append(line.strip()[-400:])
+        if proc.returncode:
+            print(proc.stdout[-6000:], file=sys.stderr)
+            print(f"{impl}: exit {proc.returncode}", file=sys.stderr)
+        floors(args, model_dir, records)
+        _write(out, args, records, startup_lines)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    print(f"wrote {out}")
+    return json.loads(out.read_text())
+
+
+def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) -> None:
+    stock = {(r["batch"], r["context"], r["kind"]): r["ms"] for r in records if r["impl"] == "stock" and "ms" in r}
+    for r in records:
+        key = (r.get("batch"), r.get("context"), r["kind"])
+        if r["impl"] != "stock" and key in stock:
+            r["vs_stock"] = r["ms"] / stock[key]
+    summary = dict(
+        benchmark="e2e_scaled",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command="python3 scripts/bench_scaled.py " + " ".join(sys.argv[1:]),
+        model=f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, "
+        "dummy weights",
+        kv_cache_dtype=args.kv_cache_dtype,
+        hbm_tbps=args.hbm_tbps,
+        startup_lines=startup_lines,
+        records=records,
+    )
+    try:
+        import torch
+
+        summary["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001 -- informational only
+        pass
+    out.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

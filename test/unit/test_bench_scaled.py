@@ -1,0 +1,59 @@
+"""``scripts/bench_scaled.py``: the cut config, the HBM floors beside each TPOT, the trace reduction."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pathlib
+import runpy
+
+import pytest
+from sglang_m3.config import M3Config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return runpy.run_path(str(REPO / "scripts" / "bench_scaled.py"), run_name="bench_scaled")
+
+
+@pytest.mark.parametrize("dense,sparse", [(1, 3), (1, 7), (3, 0)])
+def test_cut_config_keeps_the_released_layer_kinds(bench, dense, sparse):
+    cfg = M3Config.from_hf(bench["cut_config"](dense, sparse))
+    assert cfg.num_layers == dense + sparse
+    assert cfg.sparse_layers == (False,) * dense + (True,) * sparse
+    assert cfg.moe_layers == cfg.sparse_layers  # in the release the sparse layers are the MoE ones
+    assert (cfg.hidden_size, cfg.num_experts, cfg.vocab_size) == (6144, 128, 200064)
+
+
+def test_floors_of_the_four_layer_cut(bench, tmp_path):
+    """The issue's arithmetic: ~1.29 / 3.3 / 7.7 ms at batch 1 / 8 / 32 with 8K contexts."""
+    (tmp_path / "config.json").write_text(json.dumps(bench["cut_config"](1, 3)))
+    records = [dict(impl="ours", kind="tpot", batch=b, context=8192, ms=10.0) for b in (1, 8, 32)]
+    records.append(dict(impl="ours:fp8", kind="tpot", batch=1, context=8192, ms=1.0))
+    bench["floors"](argparse.Namespace(kv_cache_dtype="auto", hbm_tbps=4.3), tmp_path, records)
+    floors = [r["floor_ms"] for r in records]
+    assert floors[:3] == pytest.approx([1.29, 3.30, 7.68], rel=0.02)
+    assert floors[1] < floors[2] and records[0]["vs_floor"] == pytest.approx(10.0 / floors[0])
+    assert 0.6 < floors[3] / floors[0] < 0.8  # fp8 halves the projections, not the head
+
+
+def test_trace_reduction(bench, tmp_path):
+    kernels = [
+        ("fused_moe_kernel", 0, 100),
+        ("nvjet_tst_gemm", 150, 50),  # 50 us gap before it
+        ("_msa_sparse_attn_kernel", 200, 30),
+        ("rmsnorm_kernel", 230, 10),
+        ("elementwise_add", 240, 10),
+    ]
+    events = [{"cat": "kernel", "name": n, "ts": ts, "dur": d, "ph": "X"} for n, ts, d in kernels]
+    events.append({"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 400, "ph": "X"})
+    path = tmp_path / "t.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    out = bench["summarise_trace"](path, steps=2)
+    assert out["moe"] == pytest.approx(0.05) and out["gemm"] == pytest.approx(0.025)
+    assert out["attention"] == pytest.approx(0.015) and out["norm"] == pytest.approx(0.005)
+    assert out["other"] == pytest.approx(0.005)
+    assert out["host_gaps"] == pytest.approx(0.025) and out["step"] == pytest.approx(0.125)
