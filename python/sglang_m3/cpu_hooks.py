@@ -16,7 +16,10 @@ these (AROUND) only when ``torch.cuda.is_available()`` is False:
 * ``distributed.parallel_state.init_model_parallel_group``: tensor-parallel groups without NCCL
   or custom all-reduce communicators (SGLang turns them off only under ``SGLANG_USE_CPU_ENGINE``,
   which needs a CPU build of sgl-kernel that PyPI lacks): collectives run on gloo, so
-  ``--tp-size 2 --device cpu`` works.
+  ``--tp-size 2 --device cpu`` works;
+* xgrammar's token bitmask: SGLang allocates it in pinned memory (which needs a CUDA driver: the
+  scheduler dies on the first regex / JSON-schema request) and applies it with GPU kernels only;
+  without CUDA it is allocated unpinned and applied with xgrammar's own CPU kernel.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def hooks(hook_type) -> list:
         (compat.ASSIGN_REQ_TO_TOKEN_POOL, assign_req_to_token, hook_type.AROUND),
         (compat.SUPPORT_TRITON, support_triton, hook_type.AROUND),
         (compat.INIT_MODEL_PARALLEL_GROUP, gloo_only_group, hook_type.AROUND),
+        (compat.XGRAMMAR_ALLOCATE_BITMASK, unpinned_token_bitmask, hook_type.AROUND),
+        (compat.XGRAMMAR_APPLY_MASK, apply_token_bitmask, hook_type.AROUND),
     ]
 
 
@@ -82,3 +87,17 @@ def gloo_only_group(original, *args, **kwargs):
         use_torch_symm_mem_allreduce=False,
     )
     return original(*args, **kwargs)
+
+
+def unpinned_token_bitmask(original, vocab_size: int, batch_size: int):
+    import xgrammar
+
+    return xgrammar.allocate_token_bitmask(batch_size, vocab_size)
+
+
+def apply_token_bitmask(original, self, logits, vocab_mask):
+    if logits.device.type != "cpu":
+        return original(self, logits, vocab_mask)
+    import xgrammar
+
+    xgrammar.apply_token_bitmask_inplace(logits, vocab_mask.to(logits.device))

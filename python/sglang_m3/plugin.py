@@ -52,9 +52,9 @@ architecture name inside these functions):
   are switched off for it, and an explicit request for them is refused. Model
   overrides cannot declare graph settings in 0.5.17.
 * ``TokenizerManager._validate_one_request`` (BEFORE): under EAGLE3, requests
-  with sampling features the chain verify does not apply (grammars, penalties,
-  logit bias, ...) are refused at admission (``spec/admission.py``); SGLang has
-  no per-worker admission hook.
+  with a custom logit processor (which the chain verify does not apply) or a
+  ``sampling_seed`` SGLang would ignore are refused at admission
+  (``spec/admission.py``); SGLang has no per-worker admission hook.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -243,7 +243,11 @@ def _admit_speculative(self, obj, input_ids):
         from .spec.admission import check_sampling_params
 
         params = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else None
-        check_sampling_params(params, getattr(obj, "custom_logit_processor", None))
+        check_sampling_params(
+            params,
+            getattr(obj, "custom_logit_processor", None),
+            bool(getattr(self.server_args, "enable_deterministic_inference", False)),
+        )
 
 
 def _kv4_check(original, self):

@@ -60,6 +60,8 @@ GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
 ASSIGN_REQ_TO_TOKEN_POOL = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 SUPPORT_TRITON = "sglang.srt.utils.common.support_triton"
 INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
+XGRAMMAR_ALLOCATE_BITMASK = "sglang.srt.constrained.xgrammar_backend._allocate_token_bitmask"
+XGRAMMAR_APPLY_MASK = "sglang.srt.constrained.xgrammar_backend.XGrammarGrammar.apply_vocab_mask"
 
 
 # --- Registries and private names changed or used directly (HookRegistry cannot patch dict/list entries).

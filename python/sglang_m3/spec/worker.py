@@ -35,6 +35,7 @@ from typing import Optional
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -42,8 +43,10 @@ from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+from sglang.srt.speculative.spec_utils import generate_token_bitmask
 
 from ..model.eagle3 import DRAFT_ARCH
+from .rows import Penalties, non_finite_requests, penalise_rows, seeded_coins
 from .verify import accept_greedy, accept_sampled, target_probs
 
 logger = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             spec_info=ChainInput(positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True),
             capture=CaptureHiddenMode.FULL,
         )
-        tokens, accept_len = self._accept(batch, draft, lo.next_token_logits.view(bs, R, -1))
+        tokens, accept_len = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1))
         if batch.return_logprob:
             compute_spec_v2_logprobs(
                 batch, lo, tokens.reshape(-1), torch.arange(bs * R, device=s.device).view(bs, R), K
@@ -202,29 +205,71 @@ class M3Eagle3Worker(BaseSpecWorker):
             can_run_cuda_graph=graphed,
         )
 
-    def _accept(self, batch, draft, logits):
-        """Tokens ``[bs, K + 1]`` and accept lengths ``[bs]`` (``verify.py``)."""
+    def _accept(self, batch, verify_ids, logits):
+        """Tokens ``[bs, K + 1]`` and accept lengths ``[bs]`` (``verify.py``) from the rows shaped as
+        SGLang's sampler shapes one token (``rows.py``); requests whose logits are not finite end."""
+        draft = verify_ids[:, 1:]
+        shaped = self._shape_rows(batch, verify_ids, logits)
+        bad = non_finite_requests(logits, shaped)
+        if bad.any():  # a host sync; such a request ends with an error after one placeholder token
+            self._abort_non_finite(batch, bad)
+            shaped = torch.where(bad[:, None, None], torch.zeros_like(shaped), shaped)
+        tokens, accept_len = self._verify(batch, draft, shaped)
+        return tokens, torch.where(bad, torch.ones_like(accept_len), accept_len)
+
+    def _verify(self, batch, draft, shaped):
         info = batch.sampling_info
+        greedy_tokens, greedy_len = accept_greedy(draft, shaped)
         if info.is_all_greedy:
-            return accept_greedy(draft, logits)
-        bs, R, V = logits.shape
+            return greedy_tokens, greedy_len
+        bs, R, V = shaped.shape
         per_row = lambda x: x.reshape(bs).repeat_interleave(R)  # noqa: E731  [bs] -> [bs * R]
         probs = target_probs(
-            logits.reshape(bs * R, V),
+            shaped.reshape(bs * R, V),
             per_row(info.temperatures),
             per_row(info.top_ks),
             per_row(info.top_ps),
             per_row(info.min_ps),
         ).view(bs, R, V)
-        u = torch.rand(bs, R, device=logits.device)
-        # A greedy request (temperature 0) inside a sampled batch keeps exact argmax semantics.
-        greedy_tokens, greedy_len = accept_greedy(draft, logits)
+        if info.sampling_seed is not None:  # SGLang sets it for every request once one has a seed
+            u = seeded_coins(info.sampling_seed.reshape(bs), batch.seq_lens, R)
+        else:
+            u = torch.rand(bs, R, device=shaped.device)
         tokens, accept_len = accept_sampled(draft, probs, u[:, :-1], u[:, -1])
+        # A greedy request (temperature 0) inside a sampled batch keeps exact argmax semantics.
         is_greedy = (info.temperatures.reshape(bs) <= 1e-5) | (info.top_ks.reshape(bs) == 1)
         return (
             torch.where(is_greedy.unsqueeze(1), greedy_tokens, tokens),
             torch.where(is_greedy, greedy_len, accept_len),
         )
+
+    def _shape_rows(self, batch, verify_ids, logits):
+        """Penalties, grammar masks and logit bias on the verify rows ``[bs, R, V]``, in SGLang's order."""
+        bs, R, V = logits.shape
+        reqs, info = batch.reqs, batch.sampling_info
+        out = logits
+        if any(_has_penalty(r.sampling_params) for r in reqs):
+            out = penalise_rows(out, verify_ids[:, 1:], _penalties(reqs, V, logits.device))
+        if batch.has_grammar:
+            out = out.float().clone() if out is logits else out
+            grammar = next(r.grammar for r in reqs if r.grammar is not None)
+            chain_next = torch.tensor([*range(1, R), -1]).repeat(bs, 1)  # row t's child is row t + 1
+            # SGLang's tree walk over the chain: advances each grammar along the drafts it allows, fills
+            # one mask per row (row 0: the state after the committed tokens) and rolls back.
+            masks, _ = generate_token_bitmask(reqs, chain_next, torch.full_like(chain_next, -1), verify_ids.cpu(), V)
+            grammar.apply_vocab_mask(out.view(bs * R, V), grammar.move_vocab_mask(masks, out.device))
+        if info.logit_bias is not None:
+            out = out + info.logit_bias.view(bs, 1, -1)
+        return out
+
+    @staticmethod
+    def _abort_non_finite(batch, bad) -> None:
+        for i in bad.nonzero().flatten().tolist():
+            batch.reqs[i].to_finish = FINISH_ABORT(
+                "sglang-m3 EAGLE3: the target produced non-finite logits (NaN or inf) for this request",
+                status_code=500,
+                err_type="InternalServerError",
+            )
 
     # -- helpers --------------------------------------------------------------------------
     def _run(self, runner, batch, mode, *, input_ids, out_cache_loc, seq_lens, spec_info, capture):
@@ -253,3 +298,46 @@ class M3Eagle3Worker(BaseSpecWorker):
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
+
+
+def _has_penalty(params) -> bool:
+    return (
+        params.frequency_penalty != 0.0
+        or params.presence_penalty != 0.0
+        or params.repetition_penalty != 1.0
+        or params.min_new_tokens > 0
+    )
+
+
+def _penalties(reqs, vocab: int, device) -> Penalties:
+    """The committed state of each request's penalties (SGLang's penaltylib keeps only the last token
+    of each speculative step, so it is rebuilt here from the requests' outputs)."""
+    rows = [i for i, r in enumerate(reqs) for _ in r.output_ids]
+    ids = [t for r in reqs for t in r.output_ids]
+    counts = torch.zeros(len(reqs), vocab, dtype=torch.float32)
+    counts.index_put_(
+        (torch.tensor(rows, dtype=torch.long), torch.tensor(ids, dtype=torch.long)),
+        torch.ones(len(ids)),
+        accumulate=True,
+    )
+    stop = torch.zeros(len(reqs), vocab, dtype=torch.bool)
+    for i, r in enumerate(reqs):
+        if r.sampling_params.min_new_tokens > 0:  # the stop ids SGLang's min-new-tokens penalizer holds back
+            tok = r.tokenizer
+            ids_i = set(r.sampling_params.stop_token_ids or ()) | set(
+                getattr(tok, "additional_stop_token_ids", None) or ()
+            )
+            if getattr(tok, "eos_token_id", None) is not None:
+                ids_i.add(tok.eos_token_id)
+            stop[i, [t for t in ids_i if 0 <= t < vocab]] = True
+    p = [r.sampling_params for r in reqs]
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+    return Penalties(
+        counts=counts.to(device),
+        output_len=as_tensor([len(r.output_ids) for r in reqs], torch.long),
+        frequency=as_tensor([x.frequency_penalty for x in p], torch.float32),
+        presence=as_tensor([x.presence_penalty for x in p], torch.float32),
+        repetition=as_tensor([x.repetition_penalty for x in p], torch.float32),
+        min_new_tokens=as_tensor([x.min_new_tokens for x in p], torch.long),
+        stop=stop.to(device),
+    )
