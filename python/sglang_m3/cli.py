@@ -5,7 +5,8 @@ a batch through stock ``sglang.Engine`` with this plugin: a short prompt and one
 past the sparse-attention threshold, on CUDA when present, else CPU.
 ``sglang-m3 tiny-path`` prints the cached checkpoint's path (for
 ``python -m sglang.launch_server --model-path ...``); ``sglang-m3 draft-path`` prints the
-cached tiny EAGLE3 draft's path (``--speculative-draft-model-path``).
+cached tiny EAGLE3 draft's path (``--speculative-draft-model-path``). ``sglang-m3 capacity``
+prints weights per rank and KV token capacity for a config (default: the released M3).
 """
 
 from __future__ import annotations
@@ -53,6 +54,29 @@ def demo(args) -> int:
     return 0
 
 
+def capacity(args) -> int:
+    import json
+    from importlib import resources
+
+    from .config import M3Config
+    from .sizing import capacity_table
+
+    text = (
+        open(args.config).read()
+        if args.config
+        else resources.files("sglang_m3.assets").joinpath("minimax-m3-config.json").read_text()
+    )
+    setups = []
+    for setup in args.setups.split(","):
+        tp, _, quant = setup.partition(":")
+        setups.append((int(tp.removeprefix("tp")), None if quant in ("", "bf16") else quant))
+    table = capacity_table(
+        M3Config.from_hf(json.loads(text)), setups, args.kv_cache_dtypes.split(","), args.free_gib, args.mem_fraction
+    )
+    print(table)
+    return 0
+
+
 def main(argv=None) -> int:
     from .tiny.configs import TINY_CONFIGS
 
@@ -68,7 +92,15 @@ def main(argv=None) -> int:
         s.add_argument("--variant", default="vl", choices=["vl", "text"])
     dp = sub.add_parser("draft-path", help="print the cached tiny EAGLE3 draft path (building it on first use)")
     dp.add_argument("--name", default="m3-tiny")
+    c = sub.add_parser("capacity", help="weights per rank and KV token capacity (default: the released M3)")
+    c.add_argument("--config", default=None, help="an M3 config.json (default: the released one)")
+    c.add_argument("--setups", default="tp8:bf16,tp4:fp8", help="comma list of tpN[:fp8]")
+    c.add_argument("--kv-cache-dtypes", default="auto,fp8_e4m3,nvfp4")
+    c.add_argument("--free-gib", type=float, default=139.0, help="GPU memory free before loading (H200: ~139)")
+    c.add_argument("--mem-fraction", type=float, default=0.85, help="--mem-fraction-static")
     args = parser.parse_args(argv)
+    if args.cmd == "capacity":
+        return capacity(args)
     if args.cmd == "demo":
         return demo(args)
     if args.cmd == "draft-path":

@@ -115,3 +115,24 @@ def decode_step_bytes(
             )
         ),
     }
+
+
+def capacity_table(cfg: M3Config, setups, kv_dtypes, free_gib: float, mem_fraction_static: float) -> str:
+    """Markdown: per ``(tp, quantization)`` setup, weights per rank and KV bytes/token and token capacity
+    per rank at each ``--kv-cache-dtype``, the way start-up sizes the pool (``token_capacity``)."""
+    import torch
+
+    from .mem.layout import bytes_per_token, layout_for
+
+    head = "| setup | weights per rank | " + " | ".join(f"`{k}`: B/token, tokens" for k in kv_dtypes) + " |"
+    lines = [head, "|" + "---|" * (2 + len(kv_dtypes))]
+    for tp, quant in setups:
+        weights = rank_weights(cfg, tp, 1, quant)
+        cells = []
+        for kv_dtype in kv_dtypes:
+            kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0).kv_heads
+            per_token = bytes_per_token(cfg, layout_for(kv_dtype, torch.bfloat16), kv_heads=kv_heads)["total"]
+            tokens = token_capacity(free_gib * GIB, mem_fraction_static, weights.total, per_token)
+            cells.append(f"{per_token:,} B, {tokens:,}")
+        lines.append(f"| TP{tp} {quant or 'bf16'} | {weights.total / GIB:.1f} GiB | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -85,3 +85,12 @@ def test_every_tensor_row_counted():
     assert _expand("language_model.model.layers.{3-59}.block_sparse_moe.experts.{0-127}.{w1,w3}.weight", 60) == (
         57 * 128 * 2
     )
+
+
+def test_readme_capacity_table_is_what_the_cli_prints(capsys):
+    from sglang_m3.cli import main
+
+    assert main(["capacity"]) == 0
+    table = capsys.readouterr().out.strip()
+    assert table.count("\n") == 3 and "| TP8 bf16 | 99.6 GiB |" in table
+    assert table in (ROOT / "README.md").read_text()
