@@ -126,16 +126,6 @@ def test_sampled_grammar_requests_stay_valid(spec_engine, prompts):
     assert all(re.fullmatch(REGEX, o["text"]) for o in outs), [o["text"] for o in outs]
 
 
-def test_sampling_seed_is_refused_unless_sglang_would_honour_it(spec_engine, prompts):
-    """SGLang seeds its sampler only with --enable-deterministic-inference (whose seeded prefill sampler
-    is a Triton kernel, so not on CPU); under EAGLE3 a seed it would ignore is refused, not dropped."""
-    with pytest.raises(ValueError, match="sampling_params.sampling_seed=1234 needs --enable-deterministic-inference"):
-        spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4, "sampling_seed": 1234})
-    assert (
-        len(spec_engine.generate(input_ids=[prompts[0]], sampling_params={"max_new_tokens": 4})[0]["output_ids"]) == 4
-    )
-
-
 def test_non_finite_logits_end_one_request(spec_engine, prompts, plain):
     """A NaN in one request's logits (here through its logit bias) among concurrent requests (as HTTP
     clients send them): that request ends with an error, the others give the same tokens as without it."""
