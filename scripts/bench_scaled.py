@@ -202,6 +202,7 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
 def run_one(args) -> None:
     """One implementation in this process; one JSON object per line on stdout (``RESULT {...}``)."""
     import sglang as sgl
+    import torch
 
     impl, _, quant = args.one.partition(":")
     batches, long_batches = _ints(args.batches), _ints(args.long_batches)
@@ -228,25 +229,14 @@ def run_one(args) -> None:
     t0 = time.perf_counter()
     engine = sgl.Engine(**engine_args)
     emit = lambda **r: print("RESULT " + json.dumps(dict(impl=args.one, **r)), flush=True)  # noqa: E731
-    emit(kind="startup", seconds=time.perf_counter() - t0)
+    emit(kind="startup", seconds=time.perf_counter() - t0, device=torch.cuda.get_device_name())
     try:
         engine.generate(input_ids=_prompts(2, 4096, 1), sampling_params={"max_new_tokens": 8, "ignore_eos": True})
-        for b in batches:
-            emit(
-                kind="tpot",
-                batch=b,
-                context=args.input_len,
-                ms=1e3 * decode_tpot(engine, _prompts(b, args.input_len, 1000 + b), args.output_len),
-            )
-            engine.flush_cache()
-        for b in long_batches:
-            emit(
-                kind="tpot",
-                batch=b,
-                context=args.long_len,
-                ms=1e3 * decode_tpot(engine, _prompts(b, args.long_len, 2000 + b), args.output_len),
-            )
-            engine.flush_cache()
+        for context, sizes in ((args.input_len, batches), (args.long_len, long_batches)):
+            for b in sizes:
+                prompts = _prompts(b, context, context + b)
+                emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, args.output_len))
+                engine.flush_cache()
         for n in _ints(args.prefill_lens):
             prefill_latency(engine, n, 3000 + n)  # warm-up at this length
             engine.flush_cache()
@@ -332,12 +322,6 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
         startup_lines=startup_lines,
         records=records,
     )
-    try:
-        import torch
-
-        summary["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001 -- informational only
-        pass
     out.write_text(json.dumps(summary, indent=1))
 
 
