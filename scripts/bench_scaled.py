@@ -63,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--profile-batches", default="1,32", help="decode steps traced at these batches ('' = none)")
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--model-path", default=None, help="an M3 checkpoint directory instead of the cut release")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--hbm-tbps", type=float, default=4.3, help="HBM bandwidth of the floor (H200: ~4.3 TB/s)")
     p.add_argument("--out", default="bench_results/e2e_scaled.json")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
@@ -103,9 +106,10 @@ def make_model_dir(args) -> pathlib.Path:
     return out
 
 
-def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+def _prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
+    """``n`` random prompts of ``length`` token ids (distinct per seed: no radix-cache hits)."""
     rng = random.Random(seed)
-    return [[rng.randrange(1000, 190000) for _ in range(length)] for _ in range(n)]
+    return [[rng.randrange(vocab // 100, vocab - 1) for _ in range(length)] for _ in range(n)]
 
 
 async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -> list[tuple[float, int]]:
@@ -130,13 +134,15 @@ def decode_tpot(engine, prompts: list[list[int]], new: int) -> float:
     return (end - start) / (sum(tokens) / len(tokens))
 
 
-def prefill_latency(engine, length: int, seed: int) -> float:
+def prefill_latency(engine, length: int, seed: int, vocab: int) -> float:
     start = time.perf_counter()
-    engine.generate(input_ids=_prompts(1, length, seed), sampling_params={"max_new_tokens": 1})
+    engine.generate(input_ids=_prompts(1, length, seed, vocab), sampling_params={"max_new_tokens": 1})
     return time.perf_counter() - start
 
 
-def profile_decode(engine, batch: int, length: int, trace_dir: pathlib.Path, steps: int = 8) -> dict:
+def profile_decode(
+    engine, batch: int, length: int, vocab: int, trace_dir: pathlib.Path, activity: str, steps: int = 8
+) -> dict:
     """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component.
 
     The profiler is started once every request is decoding: started with the batch, it would also
@@ -146,7 +152,7 @@ def profile_decode(engine, batch: int, length: int, trace_dir: pathlib.Path, ste
 
     async def run():
         marks = [[] for _ in range(batch)]
-        prompts = _prompts(batch, length, 99 + batch)
+        prompts = _prompts(batch, length, 99 + batch, vocab)
         tasks = [asyncio.ensure_future(_stream(engine, p, 4 * steps + 16, m)) for p, m in zip(prompts, marks)]
         while min(len(m) for m in marks) < 4:
             await asyncio.sleep(0.002)
@@ -154,7 +160,7 @@ def profile_decode(engine, batch: int, length: int, trace_dir: pathlib.Path, ste
             req_type=ProfileReqType.START_PROFILE,
             output_dir=str(trace_dir),
             num_steps=steps,
-            activities=["GPU"],
+            activities=[activity],
             profile_by_stage=True,
             profile_stages=["decode"],
         )
@@ -203,8 +209,10 @@ def run_one(args) -> None:
     """One implementation in this process; one JSON object per line on stdout (``RESULT {...}``)."""
     import sglang as sgl
     import torch
+    from sglang_m3.config import M3Config
 
     impl, _, quant = args.one.partition(":")
+    vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches, long_batches = _ints(args.batches), _ints(args.long_batches)
     need = max(
         [b * (args.input_len + args.output_len + 8) for b in batches]
@@ -214,7 +222,9 @@ def run_one(args) -> None:
     engine_args = dict(
         model_path=args.model_dir,
         load_format="dummy",
-        dtype="bfloat16",
+        device=args.device,
+        dtype=args.dtype,
+        disable_cuda_graph=args.device != "cuda",
         skip_tokenizer_init=True,
         kv_cache_dtype=args.kv_cache_dtype,
         max_total_tokens=need + 4096,
@@ -229,18 +239,20 @@ def run_one(args) -> None:
     t0 = time.perf_counter()
     engine = sgl.Engine(**engine_args)
     emit = lambda **r: print("RESULT " + json.dumps(dict(impl=args.one, **r)), flush=True)  # noqa: E731
-    emit(kind="startup", seconds=time.perf_counter() - t0, device=torch.cuda.get_device_name())
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    emit(kind="startup", seconds=time.perf_counter() - t0, device=device)
     try:
-        engine.generate(input_ids=_prompts(2, 4096, 1), sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+        warm = _prompts(2, min(4096, args.input_len), 1, vocab)
+        engine.generate(input_ids=warm, sampling_params={"max_new_tokens": 8, "ignore_eos": True})
         for context, sizes in ((args.input_len, batches), (args.long_len, long_batches)):
             for b in sizes:
-                prompts = _prompts(b, context, context + b)
+                prompts = _prompts(b, context, context + b, vocab)
                 emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, args.output_len))
                 engine.flush_cache()
         for n in _ints(args.prefill_lens):
-            prefill_latency(engine, n, 3000 + n)  # warm-up at this length
+            prefill_latency(engine, n, 3000 + n, vocab)  # warm-up at this length
             engine.flush_cache()
-            emit(kind="prefill", batch=1, context=n, ms=1e3 * prefill_latency(engine, n, 4000 + n))
+            emit(kind="prefill", batch=1, context=n, ms=1e3 * prefill_latency(engine, n, 4000 + n, vocab))
             engine.flush_cache()
         for b in _ints(args.profile_batches):
             trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-traces" / f"{args.one.replace(':', '-')}-b{b}"
@@ -248,7 +260,9 @@ def run_one(args) -> None:
                 kind="profile",
                 batch=b,
                 context=args.input_len,
-                ms_per_step=profile_decode(engine, b, args.input_len, trace_dir),
+                ms_per_step=profile_decode(
+                    engine, b, args.input_len, vocab, trace_dir, "GPU" if args.device == "cuda" else "CPU"
+                ),
             )
             engine.flush_cache()
     finally:
@@ -279,7 +293,7 @@ def main(argv=None) -> dict:
     if args.one:
         run_one(args)
         return {}
-    model_dir = make_model_dir(args)
+    model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records, startup_lines = [], {}
@@ -300,7 +314,8 @@ def main(argv=None) -> dict:
             print(f"{impl}: exit {proc.returncode}", file=sys.stderr)
         floors(args, model_dir, records)
         _write(out, args, records, startup_lines)
-    shutil.rmtree(model_dir, ignore_errors=True)
+    if not args.model_path:
+        shutil.rmtree(model_dir, ignore_errors=True)
     print(f"wrote {out}")
     return json.loads(out.read_text())
 
@@ -315,8 +330,8 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
         benchmark="e2e_scaled",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command="python3 scripts/bench_scaled.py " + " ".join(sys.argv[1:]),
-        model=f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, "
-        "dummy weights",
+        model=args.model_path
+        or f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, dummy weights",
         kv_cache_dtype=args.kv_cache_dtype,
         hbm_tbps=args.hbm_tbps,
         startup_lines=startup_lines,

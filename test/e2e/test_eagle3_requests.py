@@ -31,10 +31,12 @@ SCHEMA = {
     "additionalProperties": False,
 }
 REGEX = "(yes|no) [0-9]{2}!"
+EBNF = 'root ::= ("up" | "down") " " [a-z] [a-z] [a-z]? "."'
 GREEDY = {"max_new_tokens": NEW, "temperature": 0}
 CASES = {
     "json_schema": dict(GREEDY, json_schema=json.dumps(SCHEMA)),
     "regex": dict(GREEDY, regex=REGEX),
+    "ebnf": dict(GREEDY, ebnf=EBNF),
     "frequency_penalty": dict(GREEDY, frequency_penalty=0.5, ignore_eos=True),
     "presence_penalty": dict(GREEDY, presence_penalty=0.75, ignore_eos=True),
     "repetition_penalty": dict(GREEDY, repetition_penalty=1.3, ignore_eos=True),
@@ -116,6 +118,9 @@ def test_grammar_outputs_parse(plain, spec):
     for outs in (plain, spec):
         assert all(_valid(o["text"]) for o in outs["json_schema"]), [o["text"] for o in outs["json_schema"]]
         assert all(re.fullmatch(REGEX, o["text"]) for o in outs["regex"]), [o["text"] for o in outs["regex"]]
+        assert all(re.fullmatch(r"(up|down) [a-z]{2,3}\.", o["text"]) for o in outs["ebnf"]), [
+            o["text"] for o in outs["ebnf"]
+        ]
 
 
 def test_sampled_grammar_requests_stay_valid(spec_engine, prompts):
