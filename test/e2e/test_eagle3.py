@@ -101,8 +101,25 @@ def test_unsupported_sampling_is_refused_at_admission(spec_engine, prompts):
     assert len(out[0]["output_ids"]) == 4  # the engine keeps serving
 
 
+def test_acceptance_does_not_depend_on_the_batch(spec_engine, tiny_vl):
+    """The 8 first probe prompts alone and as one batch: every request accepts the same drafts."""
+    from sglang_m3.tiny.prompts import probe_prompts
+    from transformers import AutoTokenizer
+
+    probes = probe_prompts(AutoTokenizer.from_pretrained(tiny_vl))[:8]
+    sampling = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    counts = lambda o: (o["output_ids"], o["meta_info"]["spec_correct_drafts_histogram"])  # noqa: E731
+    alone = [counts(spec_engine.generate(input_ids=[p], sampling_params=sampling)[0]) for p in probes]
+    batched = [counts(o) for o in spec_engine.generate(input_ids=probes, sampling_params=sampling)]
+    assert batched == alone
+    assert sum(h[3] for _, h in alone) > 0  # whole chains accepted: the comparison covers long acceptances
+
+
 def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, spec_engine, corpus_ids):
-    """24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
+    """Last in the module: an engine's shutdown kills every child process of the test process, the
+    module's spec_engine included.
+
+    24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
     queueing, retraction (the draft's reserved slots are released with the rest), radix hits on the
     shared prefix, and a draft prefill pass spanning chunks; outputs equal a roomy speculative engine
     (itself token-exact against plain decoding above) and no slot leaks."""
@@ -126,17 +143,3 @@ def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, spec_engine, c
         assert used_tokens_settle_to_zero(engine)
     finally:
         engine.shutdown()
-
-
-def test_acceptance_does_not_depend_on_the_batch(spec_engine, tiny_vl):
-    """The 8 first probe prompts alone and as one batch: every request accepts the same drafts."""
-    from sglang_m3.tiny.prompts import probe_prompts
-    from transformers import AutoTokenizer
-
-    probes = probe_prompts(AutoTokenizer.from_pretrained(tiny_vl))[:8]
-    sampling = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
-    counts = lambda o: (o["output_ids"], o["meta_info"]["spec_correct_drafts_histogram"])  # noqa: E731
-    alone = [counts(spec_engine.generate(input_ids=[p], sampling_params=sampling)[0]) for p in probes]
-    batched = [counts(o) for o in spec_engine.generate(input_ids=probes, sampling_params=sampling)]
-    assert batched == alone
-    assert sum(h[3] for _, h in alone) > 0  # whole chains accepted: the comparison covers long acceptances
