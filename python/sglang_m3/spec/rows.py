@@ -70,4 +70,4 @@ def non_finite_requests(raw: torch.Tensor, shaped: torch.Tensor) -> torch.Tensor
     """``[bs]`` True where the target's rows ``[bs, R, V]`` hold NaN or an infinity, or shaping made a NaN
     (masks legitimately put -inf into ``shaped``, so only its NaNs count)."""
     bs = raw.shape[0]
-    return (~torch.isfinite(raw)).view(bs, -1).any(1) | torch.isnan(shaped).view(bs, -1).any(1)
+    return (~torch.isfinite(raw)).reshape(bs, -1).any(1) | torch.isnan(shaped).reshape(bs, -1).any(1)

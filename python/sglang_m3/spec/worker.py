@@ -311,33 +311,35 @@ def _has_penalty(params) -> bool:
 
 def _penalties(reqs, vocab: int, device) -> Penalties:
     """The committed state of each request's penalties (SGLang's penaltylib keeps only the last token
-    of each speculative step, so it is rebuilt here from the requests' outputs)."""
-    rows = [i for i, r in enumerate(reqs) for _ in r.output_ids]
-    ids = [t for r in reqs for t in r.output_ids]
-    counts = torch.zeros(len(reqs), vocab, dtype=torch.float32)
-    counts.index_put_(
-        (torch.tensor(rows, dtype=torch.long), torch.tensor(ids, dtype=torch.long)),
-        torch.ones(len(ids)),
-        accumulate=True,
-    )
-    stop = torch.zeros(len(reqs), vocab, dtype=torch.bool)
+    of each speculative step, so it is rebuilt here from the requests' outputs). Only the token ids
+    cross to the device; the ``[bs, V]`` tables are built there."""
+    bs = len(reqs)
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
+    out_rows = as_tensor([i for i, r in enumerate(reqs) for _ in r.output_ids], torch.long)
+    out_ids = as_tensor([t for r in reqs for t in r.output_ids], torch.long)
+    counts = torch.zeros(bs, vocab, dtype=torch.float32, device=device)
+    counts.index_put_((out_rows, out_ids), torch.ones_like(out_ids, dtype=torch.float32), accumulate=True)
+    stop_rows, stop_ids = [], []
     for i, r in enumerate(reqs):
         if r.sampling_params.min_new_tokens > 0:  # the stop ids SGLang's min-new-tokens penalizer holds back
             tok = r.tokenizer
-            ids_i = set(r.sampling_params.stop_token_ids or ()) | set(
+            ids = set(r.sampling_params.stop_token_ids or ()) | set(
                 getattr(tok, "additional_stop_token_ids", None) or ()
             )
             if getattr(tok, "eos_token_id", None) is not None:
-                ids_i.add(tok.eos_token_id)
-            stop[i, [t for t in ids_i if 0 <= t < vocab]] = True
+                ids.add(tok.eos_token_id)
+            ids = [t for t in ids if 0 <= t < vocab]
+            stop_rows += [i] * len(ids)
+            stop_ids += ids
+    stop = torch.zeros(bs, vocab, dtype=torch.bool, device=device)
+    stop[as_tensor(stop_rows, torch.long), as_tensor(stop_ids, torch.long)] = True
     p = [r.sampling_params for r in reqs]
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
     return Penalties(
-        counts=counts.to(device),
+        counts=counts,
         output_len=as_tensor([len(r.output_ids) for r in reqs], torch.long),
         frequency=as_tensor([x.frequency_penalty for x in p], torch.float32),
         presence=as_tensor([x.presence_penalty for x in p], torch.float32),
         repetition=as_tensor([x.repetition_penalty for x in p], torch.float32),
         min_new_tokens=as_tensor([x.min_new_tokens for x in p], torch.long),
-        stop=stop.to(device),
+        stop=stop,
     )
