@@ -70,6 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="bench_results/e2e_scaled.json")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
     return p.parse_args(argv)
 
 
@@ -206,7 +207,8 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
 
 
 def run_one(args) -> None:
-    """One implementation in this process; one JSON object per line on stdout (``RESULT {...}``)."""
+    """One implementation in this process; one JSON object per line appended to ``--results`` (not stdout,
+    where the engine's processes log too and can split a line)."""
     import sglang as sgl
     import torch
     from sglang_m3.config import M3Config
@@ -238,7 +240,11 @@ def run_one(args) -> None:
         engine_args.update(attention_backend="triton", enable_multimodal=False)
     t0 = time.perf_counter()
     engine = sgl.Engine(**engine_args)
-    emit = lambda **r: print("RESULT " + json.dumps(dict(impl=args.one, **r)), flush=True)  # noqa: E731
+
+    def emit(**record):
+        with open(args.results, "a") as f:
+            f.write(json.dumps(dict(impl=args.one, **record)) + "\n")
+
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     emit(kind="startup", seconds=time.perf_counter() - t0, device=device)
     try:
@@ -301,13 +307,17 @@ def main(argv=None) -> dict:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
-        cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir)] + (argv or sys.argv[1:])
+        results = pathlib.Path(tempfile.mkdtemp(prefix="m3-bench-")) / "results.jsonl"
+        results.touch()
+        cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir), "--results", str(results)]
+        cmd += argv or sys.argv[1:]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in results.read_text().splitlines():
+            records.append(json.loads(line))
+            print(line, flush=True)
+        shutil.rmtree(results.parent, ignore_errors=True)
         for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                records.append(json.loads(line[len("RESULT ") :]))
-                print(line, flush=True)
-            elif "sglang-m3 per rank" in line or "Load weight end" in line or "max_total_num_tokens" in line:
+            if "sglang-m3 per rank" in line or "Load weight end" in line or "max_total_num_tokens" in line:
                 startup_lines.setdefault(impl, []).append(line.strip()[-400:])
         if proc.returncode:
             print(proc.stdout[-6000:], file=sys.stderr)
