@@ -124,7 +124,7 @@ async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -
 
 def decode_tpot(engine, prompts: list[list[int]], new: int) -> float:
     """Seconds per decode step while every request of the batch decodes: from the last request's first
-    token to the first request's last token, over the steps request 0 took in that window."""
+    token to the first request's last token, over the mean number of tokens a request got in that window."""
     marks = engine.loop.run_until_complete(asyncio.gather(*(_stream(engine, p, new) for p in prompts)))
     start = max(m[0][0] for m in marks)
     end = min(m[-1][0] for m in marks)
@@ -188,20 +188,18 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     if not kernels:
         return {"error": "no kernel events in the trace"}
     per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
-    busy, edge = 0.0, kernels[0][0]
+    top, busy, edge = {}, 0.0, kernels[0][0]
     for ts, dur, name in kernels:
         low = name.lower()
         part = next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
         per[part] += dur
+        top[name] = top.get(name, 0.0) + dur
         busy += max(0.0, ts + dur - max(ts, edge))
         edge = max(edge, ts + dur)
     span = edge - kernels[0][0]
     out = {k: v / 1e3 / steps for k, v in per.items()}
     out["host_gaps"] = (span - busy) / 1e3 / steps
     out["step"] = span / 1e3 / steps
-    top = {}
-    for _, dur, name in kernels:
-        top[name] = top.get(name, 0.0) + dur
     out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]}
     return out
 
