@@ -128,9 +128,9 @@ def capacity_table(cfg: M3Config, setups, kv_dtypes, free_gib: float, mem_fracti
     lines = [head, "|" + "---|" * (2 + len(kv_dtypes))]
     for tp, quant in setups:
         weights = rank_weights(cfg, tp, 1, quant)
+        kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0).kv_heads
         cells = []
         for kv_dtype in kv_dtypes:
-            kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0).kv_heads
             per_token = bytes_per_token(cfg, layout_for(kv_dtype, torch.bfloat16), kv_heads=kv_heads)["total"]
             tokens = token_capacity(free_gib * GIB, mem_fraction_static, weights.total, per_token)
             cells.append(f"{per_token:,} B, {tokens:,}")
