@@ -252,11 +252,12 @@ class M3Eagle3Worker(BaseSpecWorker):
             out = penalise_rows(out, verify_ids[:, 1:], _penalties(reqs, V, logits.device))
         if batch.has_grammar:
             out = out.float().clone() if out is logits else out
-            grammar = next(r.grammar for r in reqs if r.grammar is not None)
             chain_next = torch.tensor([*range(1, R), -1]).repeat(bs, 1)  # row t's child is row t + 1
             # SGLang's tree walk over the chain: advances each grammar along the drafts it allows, fills
             # one mask per row (row 0: the state after the committed tokens) and rolls back.
-            masks, _ = generate_token_bitmask(reqs, chain_next, torch.full_like(chain_next, -1), verify_ids.cpu(), V)
+            masks, grammar = generate_token_bitmask(
+                reqs, chain_next, torch.full_like(chain_next, -1), verify_ids.cpu(), V
+            )
             grammar.apply_vocab_mask(out.view(bs * R, V), grammar.move_vocab_mask(masks, out.device))
         if info.logit_bias is not None:
             out = out + info.logit_bias.view(bs, 1, -1)
