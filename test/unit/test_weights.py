@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sglang_m3.model.weights import map_name
+from sglang_m3.model.weights import fused_shared_target, map_name
 
 
 @pytest.mark.parametrize(
@@ -17,8 +17,8 @@ from sglang_m3.model.weights import map_name
         ),
         (
             "language_model.model.layers.3.self_attn.index_q_proj.weight",
-            "model.layers.3.self_attn.indexer.q_proj.weight",
-            None,
+            "model.layers.3.self_attn.indexer.qk_proj.weight",
+            "q",
             None,
         ),
         (
@@ -71,9 +71,9 @@ from sglang_m3.model.weights import map_name
             None,
         ),
         (
-            "model.layers.2.self_attn.indexer.q_proj.weight",
-            "model.layers.2.self_attn.indexer.q_proj.weight",
-            None,
+            "model.layers.2.self_attn.indexer.k_proj.weight",
+            "model.layers.2.self_attn.indexer.qk_proj.weight",
+            "k",
             None,
         ),
     ],
@@ -145,3 +145,18 @@ def test_fp8_kv_scale_names(name, shard):
 def test_fp8_checkpoint_scales_follow_their_weight(name, param, shard, expert):
     target = map_name(name)
     assert (target.param, target.shard, target.expert) == (param, shard, expert)
+
+
+@pytest.mark.parametrize(
+    "name, param, shard",
+    [
+        ("block_sparse_moe.shared_experts.gate_proj.weight", "experts.w13_weight", "w1"),
+        ("block_sparse_moe.shared_experts.up_proj.weight", "experts.w13_weight", "w3"),
+        ("block_sparse_moe.shared_experts.down_proj.weight", "experts.w2_weight", "w2"),
+        ("block_sparse_moe.shared_experts.up_proj.weight_scale_inv", "experts.w13_weight_scale_inv", "w3"),
+    ],
+)
+def test_fused_shared_expert_goes_to_slot_e(name, param, shard):
+    """With the shared expert fused into FusedMoE, its tensors load into expert slot E (128 in the release)."""
+    target = fused_shared_target(map_name(f"language_model.model.layers.7.{name}"), 128)
+    assert (target.param, target.shard, target.expert) == (f"model.layers.7.mlp.{param}", shard, 128)

@@ -21,38 +21,50 @@ from torch import nn
 
 from ..config import M3Config
 from ..parallel import RankHeads, rank_heads
-from .layers import GemmaNorm, PartialNeoxRope
-
-
-def _head_rows_loader(first: int, rows_per_head: int):
-    """Weight loader of a projection that keeps only this rank's heads' rows of the checkpoint tensor."""
-
-    def load(param: nn.Parameter, loaded: torch.Tensor) -> None:
-        param.data.copy_(loaded.narrow(0, first * rows_per_head, param.shape[0]))
-
-    return load
+from .layers import FUSED_HEAD_DIM, FUSED_ROTARY_DIM, GemmaNorm, PartialNeoxRope, fused_qk_norm_rope
 
 
 class Indexer(nn.Module):
     """``index_q [T, H_idx, D_idx]`` (this rank's index heads: one per local KV group) and the
-    shared ``index_k [T, D_idx]`` (replicated), normed and rotated. Unquantised: its scores
-    pick the pages."""
+    shared ``index_k [T, D_idx]`` (replicated), normed and rotated. One GEMM projects both
+    (``qk_proj``: this rank's q heads' rows of ``index_q_proj``, then ``index_k_proj``).
+    Unquantised: its scores pick the pages."""
 
     def __init__(self, cfg: M3Config, heads: RankHeads, rope: PartialNeoxRope, prefix: str):
         super().__init__()
         msa = cfg.msa
         self.heads, self.dim = heads.kv_heads, msa.index_dim
-        self.q_proj = ReplicatedLinear(cfg.hidden_size, self.heads * self.dim, bias=False, prefix=f"{prefix}.q_proj")
-        self.q_proj.weight.weight_loader = _head_rows_loader(heads.first_kv_head, self.dim)
-        self.k_proj = ReplicatedLinear(cfg.hidden_size, msa.index_dim, bias=False, prefix=f"{prefix}.k_proj")
+        self.qk_proj = ReplicatedLinear(
+            cfg.hidden_size, (self.heads + 1) * self.dim, bias=False, prefix=f"{prefix}.qk_proj"
+        )
+        self.qk_proj.weight.weight_loader = self._load_qk(heads.first_kv_head)
         self.q_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
         self.k_norm = GemmaNorm(msa.index_dim, eps=cfg.rms_norm_eps)
         self.rope = rope
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _load_qk(self, first_head: int):
+        q_rows = self.heads * self.dim
+
+        def load(param: nn.Parameter, loaded: torch.Tensor, shard: str) -> None:
+            if shard == "q":  # this rank's heads of the checkpoint's index_q_proj
+                param.data[:q_rows].copy_(loaded.narrow(0, first_head * self.dim, q_rows))
+            else:
+                param.data[q_rows:].copy_(loaded)
+
+        return load
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_table: torch.Tensor | None):
         T = x.shape[0]
-        q = self.q_norm(self.q_proj(x)[0].view(T, self.heads, self.dim))  # [T, H_idx, D_idx]
-        k = self.k_norm(self.k_proj(x)[0].view(T, 1, self.dim))  # [T, 1, D_idx]
+        qk = self.qk_proj(x)[0]  # [T, (H_idx + 1) D_idx]
+        if cos_sin_table is not None:
+            groups = [(self.q_norm.weight, 0, self.heads), (self.k_norm.weight, self.heads, 1)]
+            fused_qk_norm_rope(qk, groups, cos_sin_table, positions, self.q_norm.variance_epsilon)
+            q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)
+            return q.view(T, self.heads, self.dim), k
+        q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)
+        cos, sin = self.rope.cos_sin(positions)
+        q = self.q_norm(q.reshape(T, self.heads, self.dim))  # [T, H_idx, D_idx]
+        k = self.k_norm(k.reshape(T, 1, self.dim))  # [T, 1, D_idx]
         return self.rope(q, cos, sin), self.rope(k, cos, sin).view(T, self.dim)
 
 
@@ -94,18 +106,35 @@ class M3Attention(nn.Module):
             layer_id=layer_id,
             prefix=f"{prefix}.attn",
         )
+        # Set by ``use_fused_norm_rope`` (CUDA, half precision): the cos/sin table of SGLang's fused kernel.
+        self.cos_sin_table: torch.Tensor | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch) -> torch.Tensor:
         T = x.shape[0]
         qkv, _ = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        cos, sin = self.rope.cos_sin(positions)
-        q = self.rope(self.q_norm(q.reshape(T, self.num_heads, self.head_dim)), cos, sin)  # [T, Hq, D]
-        k = self.rope(self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim)), cos, sin)  # [T, Hkv, D]
+        if self.cos_sin_table is not None:
+            groups = [(self.q_norm.weight, 0, self.num_heads), (self.k_norm.weight, self.num_heads, self.num_kv_heads)]
+            fused_qk_norm_rope(qkv, groups, self.cos_sin_table, positions, self.q_norm.variance_epsilon)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            cos, sin = self.rope.cos_sin(positions)
+            q = self.rope(self.q_norm(q.reshape(T, self.num_heads, self.head_dim)), cos, sin).view(T, self.q_size)
+            k = self.rope(self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim)), cos, sin).view(T, self.kv_size)
         index = {}
         if self.indexer is not None:
-            index["index_q"], index["index_k"] = self.indexer(x, cos, sin)
-        out = get_attn_backend().forward(
-            q.reshape(T, self.q_size), k.reshape(T, self.kv_size), v.contiguous(), self.attn, forward_batch, **index
-        )
+            index["index_q"], index["index_k"] = self.indexer(x, positions, self.cos_sin_table)
+        out = get_attn_backend().forward(q, k, v, self.attn, forward_batch, **index)
         return self.o_proj(out)[0]
+
+
+def fused_norm_rope_fits(cfg: M3Config) -> bool:
+    """Whether SGLang's fused norm + RoPE kernel is built for this model's head shapes."""
+    dims = {cfg.head_dim} | ({cfg.msa.index_dim} if any(cfg.sparse_layers) else set())
+    return dims == {FUSED_HEAD_DIM} and cfg.rotary_dim == FUSED_ROTARY_DIM
+
+
+def use_fused_norm_rope(layers: list[M3Attention], table: torch.Tensor) -> None:
+    """Norm and rotate q / k (and index q / k) with SGLang's fused kernel over ``table``."""
+    for attn in layers:
+        attn.cos_sin_table = table

@@ -2,9 +2,12 @@
 
 * ``PartialNeoxRope``: SGLang's ``get_rope`` dispatches to CUDA-only kernels even
   when the model runs on CPU (seen with 0.5.17); M3 rotates only the first
-  ``rotary_dim`` of each head (NeoX pairing) and passes the rest through.
+  ``rotary_dim`` of each head (NeoX pairing) and passes the rest through. On CUDA in
+  half precision the attention layer uses SGLang's fused norm + RoPE kernel instead
+  (``fused_qk_norm_rope``), over the table ``cos_sin_table`` builds.
 * ``swiglu_oai``: the clamped SwiGLU of MiniMax-M3 / GPT-OSS with gate and up
-  *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit.
+  *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit. On CUDA in
+  half precision ``swiglu`` hands it to SGLang's compiled one (what its M3 MLP uses).
 * ``GemmaNorm`` / ``RMSNorm``: SGLang's norms on CUDA call sgl-kernel, which
   dispatches half types only; fp32 runs (the token-exact checks) take their own
   native path instead.
@@ -46,6 +49,13 @@ class PartialNeoxRope(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, rd/2]
         return freqs.cos()[:, None, :], freqs.sin()[:, None, :]
 
+    def cos_sin_table(self, max_positions: int) -> torch.Tensor:
+        """``[max_positions, rotary_dim]`` fp32, cos then sin of each position: the layout of SGLang's
+        ``RotaryEmbedding.cos_sin_cache``, which its fused RoPE kernels read."""
+        positions = torch.arange(max_positions, dtype=torch.float32, device=self.inv_freq.device)
+        cos, sin = self.cos_sin(positions)
+        return torch.cat((cos[:, 0], sin[:, 0]), dim=-1)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: ``[T, heads, head_dim]``."""
         half = self.rotary_dim // 2
@@ -53,6 +63,36 @@ class PartialNeoxRope(nn.Module):
         x2 = x[..., half : self.rotary_dim].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
+
+def swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """``swiglu_oai``; on CUDA in half precision through SGLang's torch-compiled copy of it (one fused
+    kernel instead of seven). fp32 stays eager, so token-exact runs keep torch's arithmetic."""
+    if gate_up.is_cuda and gate_up.dtype != torch.float32:
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import (
+            swiglu_no_interleaved_with_alpha_and_limit,
+        )
+
+        return swiglu_no_interleaved_with_alpha_and_limit(gate_up, alpha, limit)
+    return swiglu_oai(gate_up, alpha, limit)
+
+
+def fused_qk_norm_rope(
+    x: torch.Tensor,
+    groups: list[tuple[torch.Tensor, int, int]],
+    cos_sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float,
+) -> None:
+    """In place on ``x [T, heads * 128]``: each group ``(gemma_weight [128], first head, head count)`` is
+    Gemma-RMS-normed and its first 64 dims rotated (NeoX). SGLang's JIT CUDA kernel, the one its own M3
+    path uses (one launch for up to 4 groups; built for head_dim 128 / 64 rotary dims only)."""
+    from sglang.kernels.ops.attention.minimax_qknorm_rope import minimax_qknorm_rope_grouped
+
+    minimax_qknorm_rope_grouped(x, groups, cos_sin_table, positions, eps)
+
+
+FUSED_HEAD_DIM, FUSED_ROTARY_DIM = 128, 64  # the only shape ``fused_qk_norm_rope`` is built for
 
 
 def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

@@ -24,10 +24,10 @@ from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
 from ..quant import check_quantization
-from .attention import M3Attention
+from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
-from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, map_name
+from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, fused_shared_target, map_name
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,17 @@ class M3DecoderLayer(nn.Module):
             else DenseMLP(cfg, cfg.dense_intermediate_size, prefix=f"{prefix}.mlp", quant_config=quant_config)
         )
 
-    def forward(self, positions, hidden, forward_batch):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), forward_batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, positions, hidden, residual, forward_batch):
+        """``hidden``: the previous layer's output, ``residual``: the sum before it (``None`` at layer 0,
+        where ``hidden`` is the embeddings). Each norm adds its input to the residual first (one fused
+        kernel on CUDA). Returns this layer's (output, residual); their sum is the layer's pre-norm output."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class M3Model(nn.Module):
@@ -63,13 +71,15 @@ class M3Model(nn.Module):
         """``capture_layers``: layers whose *input* EAGLE3 reads, in the draft's order
         (repeats allowed; ``num_layers`` = the final pre-norm hidden state)."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [T, H]
-        seen = {}
+        residual, seen = None, {}
         for i, layer in enumerate(self.layers):
             if i in capture_layers:
-                seen[i] = hidden
-            hidden = layer(positions, hidden, forward_batch)
-        seen[len(self.layers)] = hidden
-        return self.norm(hidden), [seen[i] for i in capture_layers]
+                # layer 0's input becomes its residual, which the norms then update in place
+                seen[i] = hidden.clone() if residual is None else hidden + residual
+            hidden, residual = layer(positions, hidden, residual, forward_batch)
+        if len(self.layers) in capture_layers:
+            seen[len(self.layers)] = hidden + residual
+        return self.norm(hidden, residual)[0], [seen[i] for i in capture_layers]
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
@@ -107,6 +117,15 @@ class MiniMaxM3ForCausalLM(nn.Module):
         hidden, aux = self.model(input_ids, positions, forward_batch, input_embeds, self.capture_layers)
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux or None)
 
+    def post_load_weights(self) -> None:
+        """After the weights are in place (our ``load_weights`` calls it; SGLang's dummy and sharded loaders
+        call it themselves): on CUDA in half precision, attention norms and rotates q / k with SGLang's
+        fused kernel, which reads one cos/sin table of every position (fp32, shared by all layers)."""
+        weight = self.model.embed_tokens.weight
+        if weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and fused_norm_rope_fits(self.m3):
+            attn = [layer.self_attn for layer in self.model.layers]
+            use_fused_norm_rope(attn, attn[0].rope.cos_sin_table(self.m3.max_position_embeddings))
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded, skipped = set(), 0
@@ -117,6 +136,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
                 continue
             if target.param == "lm_head.weight" and self.m3.tie_word_embeddings:
                 continue
+            if ".mlp.shared_experts." in target.param:
+                mlp = self.model.layers[int(target.param.split(".")[2])].mlp
+                if mlp.shared_experts is None:  # fused into FusedMoE as expert E
+                    target = fused_shared_target(target, mlp.num_experts)
             if target.param.endswith(KV_SCALE):
                 self._load_kv_scale(target, tensor)
                 continue
@@ -139,6 +162,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         missing = sorted(missing)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters, e.g. {missing[:5]}")
+        self.post_load_weights()
 
     def _load_kv_scale(self, target, tensor: torch.Tensor) -> None:
         layer = int(target.param.split(".")[2])

@@ -7,7 +7,9 @@ weight loader and applies ``quant_config`` (FP8 and friends); ``TopK`` routes (s
 scores, selection on ``sigmoid + e_score_correction_bias``, renormalised weights, output x
 ``routed_scaling_factor``). The SwiGLU-OAI gate goes through the MoE runner's
 ``gemm1_alpha`` / ``gemm1_clamp_limit``. The shared expert is a separate tensor-parallel
-MLP; the routed and shared partial sums share one all-reduce.
+MLP, or, with ``--enforce-shared-experts-fusion``, FusedMoE's expert ``E`` (every token's
+fifth expert, weight 1, as SGLang's own M3 runs it by default; ``fuse_shared_expert``). Either way the
+routed and shared partial sums share one all-reduce.
 
 On CPU (no Triton, and SGLang's native MoE path ignores alpha/limit for ``silu``: DESIGN
 section 4) and for fp32 models on CUDA ``route`` and ``experts_ref`` are the path, over the
@@ -22,10 +24,11 @@ from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_
 from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopK
+from sglang.srt.runtime_context import get_exec, get_parallel
 from torch import nn
 
 from ..config import M3Config
-from .layers import swiglu_oai
+from .layers import swiglu, swiglu_oai
 
 
 class DenseMLP(nn.Module):
@@ -55,8 +58,23 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)  # [T, 2I/tp]
-        out, _ = self.down_proj(swiglu_oai(gate_up, self.alpha, self.limit))  # [T, H]
+        out, _ = self.down_proj(swiglu(gate_up, self.alpha, self.limit))  # [T, H]
         return out
+
+
+def fuse_shared_expert(cfg: M3Config) -> bool:
+    """Whether the shared expert runs inside FusedMoE as expert ``E`` (decided at start-up, under the
+    model's default device and dtype). Only with ``--enforce-shared-experts-fusion``: on the H200 at
+    real width the separate MLP measured faster at batch 1 and 32 (benchmarks/e2e.md). It needs CUDA
+    in half precision (fp32 and CPU models run the torch path, which has no slot), a shared expert as
+    wide as a routed one, and no expert parallelism (FusedMoE keeps one fused slot, not one per rank)."""
+    return (
+        torch.get_default_device().type == "cuda"
+        and torch.get_default_dtype() != torch.float32
+        and cfg.shared_intermediate_size == cfg.moe_intermediate_size
+        and get_parallel().moe_ep_size == 1
+        and get_exec().moe.enforce_shared_experts_fusion
+    )
 
 
 class MoE(nn.Module):
@@ -67,6 +85,8 @@ class MoE(nn.Module):
         self.top_k, self.scale = cfg.top_k, cfg.routed_scaling_factor
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
         self.tp_size = get_tensor_model_parallel_world_size()
+        self.num_experts = cfg.num_experts
+        fused = int(fuse_shared_expert(cfg))  # the shared expert's slot in FusedMoE: expert E
         # The released router weight and bias are fp32; routing runs in fp32 (never quantised).
         self.gate = ReplicatedLinear(
             cfg.hidden_size, cfg.num_experts, bias=False, params_dtype=torch.float32, prefix=f"{prefix}.gate"
@@ -75,11 +95,12 @@ class MoE(nn.Module):
             torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False
         )
         self.experts = FusedMoE(
-            num_experts=cfg.num_experts,
+            num_experts=cfg.num_experts + fused,
+            num_fused_shared_experts=fused,
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.moe_intermediate_size,
             layer_id=layer_id,
-            top_k=cfg.top_k,
+            top_k=cfg.top_k + fused,
             reduce_results=False,
             quant_config=quant_config,
             activation="silu",
@@ -90,33 +111,39 @@ class MoE(nn.Module):
             prefix=f"{prefix}.experts",
         )
         self.topk = TopK(
-            top_k=cfg.top_k,
+            top_k=cfg.top_k + fused,
             layer_id=layer_id,
             renormalize=True,
             scoring_func="sigmoid",
             correction_bias=self.e_score_correction_bias,
+            num_fused_shared_experts=fused,
             routed_scaling_factor=cfg.routed_scaling_factor,
             apply_routed_scaling_factor_on_output=True,
         )
-        self.shared_experts = DenseMLP(
-            cfg,
-            cfg.shared_intermediate_size,
-            prefix=f"{prefix}.shared_experts",
-            quant_config=quant_config,
-            reduce_results=False,
+        self.shared_experts = (
+            None
+            if fused
+            else DenseMLP(
+                cfg,
+                cfg.shared_intermediate_size,
+                prefix=f"{prefix}.shared_experts",
+                quant_config=quant_config,
+                reduce_results=False,
+            )
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The shared expert first: SGLang's fused MoE writes its output into ``x`` (inplace).
-        shared = self.shared_experts(x)  # [T, H]: this rank's partial sum
+        shared = None if self.shared_experts is None else self.shared_experts(x)  # [T, H]: this rank's part
         logits = self.gate(x.float())[0]  # [T, E] fp32
         if x.is_cuda and x.dtype != torch.float32:
-            routed = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
+            out = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
         else:
             # No Triton on CPU; and SGLang's fused MoE computes fp32 inputs in fp16 (``compute_type``
             # in moe_runner/triton_utils/fused_moe.py), which fp32 parity runs cannot take.
-            routed = self.experts_ref(x, *self.route(logits)) * self.scale
-        out = routed + shared
+            out = self.experts_ref(x, *self.route(logits)) * self.scale
+        if shared is not None:
+            out = out + shared
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

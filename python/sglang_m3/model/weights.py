@@ -43,9 +43,14 @@ _RULES: list[tuple[re.Pattern, callable]] = [
         re.compile(_LAYER + r"self_attn\.(?:[kv]_proj\.|attn\.)?([kv]{1,2})_scale$"),
         lambda m: Target(f"model.layers.{m[1]}.self_attn.{KV_SCALE}", shard=m[2]),
     ),
+    # The index q and k projections share one GEMM (``indexer.qk_proj``: this rank's q heads, then k).
     (
-        re.compile(_LAYER + r"self_attn\.index_([qk])_(proj|norm)\.weight$"),
-        lambda m: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_{m[3]}.weight"),
+        re.compile(_LAYER + r"self_attn\.(?:index_|indexer\.)([qk])_proj\.weight$"),
+        lambda m: Target(f"model.layers.{m[1]}.self_attn.indexer.qk_proj.weight", m[2]),
+    ),
+    (
+        re.compile(_LAYER + r"self_attn\.index_([qk])_norm\.weight$"),
+        lambda m: Target(f"model.layers.{m[1]}.self_attn.indexer.{m[2]}_norm.weight"),
     ),
     (
         re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.(gate|up)_proj\.weight$"),
@@ -89,6 +94,19 @@ def _experts(layer: str, w: str) -> str:
 # Scales of an FP8 checkpoint beside a weight (block-FP8: ``weight_scale_inv``); they go to the parameter
 # of that weight's name with the same suffix (``qkv_proj.weight_scale_inv``, ``experts.w13_weight_scale_inv``).
 _WEIGHT_SCALE = re.compile(r"^(.+)\.(weight_scale_inv|weight_scale|input_scale)$")
+
+
+_SHARED = re.compile(r"^(model\.layers\.\d+\.mlp\.)shared_experts\.(gate_up|down)_proj\.(weight\w*)$")
+
+
+def fused_shared_target(target: Target, slot: int) -> Target:
+    """A shared-expert target moved to FusedMoE's expert ``slot`` (the shared expert fused as expert E)."""
+    m = _SHARED.match(target.param)
+    if m is None:
+        raise ValueError(f"{target.param!r} is not a shared-expert parameter")
+    if m[2] == "down":
+        return Target(f"{m[1]}experts.w2_{m[3]}", shard="w2", expert=slot)
+    return Target(f"{m[1]}experts.w13_{m[3]}", shard="w1" if target.shard == 0 else "w3", expert=slot)
 
 
 def map_name(name: str) -> Target | None:

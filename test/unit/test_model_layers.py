@@ -1,0 +1,74 @@
+"""The CUDA fast paths of the model's small layers against the torch path (their reference).
+
+On CUDA in bf16 the attention layer norms and rotates q / k with SGLang's fused kernel over our
+cos/sin table, and the MLPs take SGLang's compiled SwiGLU-OAI; fp32 and CPU take the torch path
+(``GemmaNorm`` + ``PartialNeoxRope``, ``swiglu_oai``), which the token-exact tests pin to
+transformers. Fresh random inputs; bf16 tolerance: the reference computes in fp32 from the same
+bf16 inputs, so the fast path may differ by its bf16 roundings (atol 3e-2, rtol 1e-2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang_m3.model.layers import (
+    FUSED_HEAD_DIM,
+    FUSED_ROTARY_DIM,
+    PartialNeoxRope,
+    fused_qk_norm_rope,
+    swiglu,
+    swiglu_oai,
+)
+
+THETA, EPS = 5_000_000.0, 1e-6
+BF16 = dict(atol=3e-2, rtol=1e-2)
+
+
+def norm_rope_reference(x, groups, rope, positions, eps):
+    """What the torch path does per head group: Gemma RMS norm in fp32, then the partial NeoX rotation."""
+    T, D = x.shape[0], FUSED_HEAD_DIM
+    heads = x.float().view(T, -1, D).clone()
+    cos, sin = rope.cos_sin(positions)
+    for weight, first, count in groups:
+        h = heads[:, first : first + count]
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+        heads[:, first : first + count] = rope(h, cos, sin)
+    return heads.view(T, -1)
+
+
+def test_cos_sin_table_rows_are_the_rope_angles():
+    rope = PartialNeoxRope(FUSED_ROTARY_DIM, THETA)
+    table = rope.cos_sin_table(4096)
+    positions = torch.tensor([0, 1, 77, 4095])
+    cos, sin = rope.cos_sin(positions)
+    assert table.shape == (4096, FUSED_ROTARY_DIM) and table.dtype == torch.float32
+    torch.testing.assert_close(table[positions], torch.cat((cos[:, 0], sin[:, 0]), dim=-1), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_heads, kv_heads", [(16, 1), (64, 4), (1, 1)])
+def test_fused_norm_rope_matches_torch_path(q_heads, kv_heads):
+    """Main-attention layout ``[q | k | v]`` (v untouched) and the indexer's ``[index q | index k]``."""
+    torch.manual_seed(q_heads)
+    device = "cuda"
+    rope = PartialNeoxRope(FUSED_ROTARY_DIM, THETA).to(device)
+    table = rope.cos_sin_table(1 << 20)
+    T = 37
+    positions = torch.randint(0, 1 << 20, (T,), device=device)
+    x = torch.randn(T, (q_heads + 2 * kv_heads) * FUSED_HEAD_DIM, device=device).to(torch.bfloat16)
+    wq, wk = ((0.5 * torch.randn(FUSED_HEAD_DIM, device=device)).to(torch.bfloat16) for _ in range(2))
+    groups = [(wq, 0, q_heads), (wk, q_heads, kv_heads)]
+    want = norm_rope_reference(x, groups, rope, positions, EPS)
+    got = x.clone()
+    fused_qk_norm_rope(got, groups, table, positions, EPS)
+    normed = (q_heads + kv_heads) * FUSED_HEAD_DIM
+    torch.testing.assert_close(got[:, :normed].float(), want[:, :normed], **BF16)
+    assert torch.equal(got[:, normed:], x[:, normed:])  # v heads untouched
+
+
+@pytest.mark.gpu
+def test_compiled_swiglu_matches_torch_path():
+    torch.manual_seed(0)
+    gate_up = (4 * torch.randn(33, 2 * 512, device="cuda")).to(torch.bfloat16)  # beyond the limit too
+    want = swiglu_oai(gate_up.float(), 1.702, 7.0)
+    torch.testing.assert_close(swiglu(gate_up, 1.702, 7.0).float(), want, **BF16)
