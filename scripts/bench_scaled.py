@@ -9,7 +9,9 @@ dummy``, TP1, CUDA graphs. Each implementation is its own process (``--impls``):
 * ``stock``: SGLang 0.5.17's own M3 path, as DESIGN section 9 says it runs on the H200 with the
   offline kit: ``attention_backend="triton"``, ``enable_multimodal=False``, and the plugin kept
   out with ``SGLANG_PLUGINS=<a name that matches nothing>``;
-* ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``.
+* ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``;
+* a ``+fused-shared`` suffix (``ours+fused-shared``): with ``--enforce-shared-experts-fusion``
+  (the shared expert as FusedMoE's expert E instead of its own MLP).
 
 Measured per implementation: decode TPOT at every ``--batches`` with ``--input-len`` prompts and
 at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
@@ -204,6 +206,12 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     return out
 
 
+def new_tokens(args, batch: int, context: int) -> int:
+    """Tokens each request generates: ``--output-len`` after the whole batch decodes, plus the steps in
+    which chunked prefill (8K a step) still admits the batch while its first requests decode."""
+    return args.output_len + 2 * batch * -(-context // 8192)
+
+
 def run_one(args) -> None:
     """One implementation in this process; one JSON object per line appended to ``--results`` (not stdout,
     where the engine's processes log too and can split a line)."""
@@ -211,12 +219,13 @@ def run_one(args) -> None:
     import torch
     from sglang_m3.config import M3Config
 
-    impl, _, quant = args.one.partition(":")
+    spec, _, flag = args.one.partition("+")
+    impl, _, quant = spec.partition(":")
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches, long_batches = _ints(args.batches), _ints(args.long_batches)
     need = max(
-        [b * (args.input_len + args.output_len + 8) for b in batches]
-        + [b * (args.long_len + args.output_len + 8) for b in long_batches]
+        [b * (args.input_len + new_tokens(args, b, args.input_len) + 8) for b in batches]
+        + [b * (args.long_len + new_tokens(args, b, args.long_len) + 8) for b in long_batches]
         + [max(_ints(args.prefill_lens) or [0]) + 16]
     )
     engine_args = dict(
@@ -234,6 +243,10 @@ def run_one(args) -> None:
     )
     if quant:
         engine_args["quantization"] = quant
+    if flag:
+        if flag != "fused-shared":
+            raise SystemExit(f"--impls: unknown flag +{flag} (known: +fused-shared)")
+        engine_args["enforce_shared_experts_fusion"] = True
     if impl == "stock":
         engine_args.update(attention_backend="triton", enable_multimodal=False)
     t0 = time.perf_counter()
@@ -251,7 +264,8 @@ def run_one(args) -> None:
         for context, sizes in ((args.input_len, batches), (args.long_len, long_batches)):
             for b in sizes:
                 prompts = _prompts(b, context, context + b, vocab)
-                emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, args.output_len))
+                new = new_tokens(args, b, context)
+                emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, new))
                 engine.flush_cache()
         for n in _ints(args.prefill_lens):
             prefill_latency(engine, n, 3000 + n, vocab)  # warm-up at this length
@@ -259,7 +273,11 @@ def run_one(args) -> None:
             emit(kind="prefill", batch=1, context=n, ms=1e3 * prefill_latency(engine, n, 4000 + n, vocab))
             engine.flush_cache()
         for b in _ints(args.profile_batches):
-            trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-traces" / f"{args.one.replace(':', '-')}-b{b}"
+            trace_dir = (
+                pathlib.Path(tempfile.gettempdir())
+                / "m3-traces"
+                / f"{args.one.replace(':', '-').replace('+', '-')}-b{b}"
+            )
             emit(
                 kind="profile",
                 batch=b,
@@ -285,7 +303,7 @@ def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
     for r in records:
         if r["kind"] != "tpot":
             continue
-        quant = r["impl"].partition(":")[2] or None
+        quant = r["impl"].partition("+")[0].partition(":")[2] or None
         parts = decode_step_bytes(cfg, r["batch"], r["context"], kv, rank_weights(cfg, quantization=quant))
         r["floor_ms"] = sum(parts.values()) / (args.hbm_tbps * 1e12) * 1e3
         r["floor_parts_gb"] = {k: round(v / 1e9, 3) for k, v in parts.items()}
@@ -305,15 +323,16 @@ def main(argv=None) -> dict:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
-        results = pathlib.Path(tempfile.mkdtemp(prefix="m3-bench-")) / "results.jsonl"
-        results.touch()
+        # beside --out while the impl runs, so a run cut short still leaves what it measured
+        results = out.with_name(f"{out.stem}.{impl.replace(':', '-')}.partial.jsonl")
+        results.write_text("")
         cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir), "--results", str(results)]
         cmd += argv or sys.argv[1:]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in results.read_text().splitlines():
             records.append(json.loads(line))
             print(line, flush=True)
-        shutil.rmtree(results.parent, ignore_errors=True)
+        results.unlink()
         for line in proc.stdout.splitlines():
             if "sglang-m3 per rank" in line or "Load weight end" in line or "max_total_num_tokens" in line:
                 startup_lines.setdefault(impl, []).append(line.strip()[-400:])
