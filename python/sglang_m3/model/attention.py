@@ -56,12 +56,11 @@ class Indexer(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_table: torch.Tensor | None):
         T = x.shape[0]
         qk = self.qk_proj(x)[0]  # [T, (H_idx + 1) D_idx]
+        q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)  # views: the fused kernel writes through
         if cos_sin_table is not None:
             groups = [(self.q_norm.weight, 0, self.heads), (self.k_norm.weight, self.heads, 1)]
             fused_qk_norm_rope(qk, groups, cos_sin_table, positions, self.q_norm.variance_epsilon)
-            q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)
             return q.view(T, self.heads, self.dim), k
-        q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)
         cos, sin = self.rope.cos_sin(positions)
         q = self.q_norm(q.reshape(T, self.heads, self.dim))  # [T, H_idx, D_idx]
         k = self.k_norm(k.reshape(T, 1, self.dim))  # [T, 1, D_idx]
@@ -112,12 +111,11 @@ class M3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch) -> torch.Tensor:
         T = x.shape[0]
         qkv, _ = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # views of qkv
         if self.cos_sin_table is not None:
             groups = [(self.q_norm.weight, 0, self.num_heads), (self.k_norm.weight, self.num_heads, self.num_kv_heads)]
             fused_qk_norm_rope(qkv, groups, self.cos_sin_table, positions, self.q_norm.variance_epsilon)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         else:
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             cos, sin = self.rope.cos_sin(positions)
             q = self.rope(self.q_norm(q.reshape(T, self.num_heads, self.head_dim)), cos, sin).view(T, self.q_size)
             k = self.rope(self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim)), cos, sin).view(T, self.kv_size)
