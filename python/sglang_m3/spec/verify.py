@@ -51,8 +51,9 @@ def accept_sampled(
     p_last = target_probs[rows, n].clone()  # [B, V]: the row that emits the bonus / replacement token
     rejected = n < K
     # At a rejection the residual is p_t with the rejected draft token removed.
-    drop = draft[rows, n.clamp(max=K - 1)] if K > 0 else torch.zeros_like(n)
-    p_last[rows[rejected], drop[rejected]] = 0.0
+    drop = (draft[rows, n.clamp(max=K - 1)] if K > 0 else torch.zeros_like(n)).unsqueeze(1)
+    # (a scatter, not boolean-mask indexing: that would wait for the device to count the rejections)
+    p_last.scatter_(1, drop, p_last.gather(1, drop) * (~rejected).unsqueeze(1))
     p_last = p_last / p_last.sum(dim=1, keepdim=True).clamp_min(1e-30)
     last = sample_from(p_last, u_sample)  # [B]
     tokens = torch.cat([draft, draft.new_zeros(B, 1)], dim=1)  # [B, K + 1]
