@@ -22,7 +22,9 @@ Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots
 the target's, so rejected positions are simply overwritten by the next step and
 finishing a request frees everything. The worker runs without overlap scheduling (the
 server overrides turn it off at start-up); on CUDA the target's verify replays SGLang's
-captured graphs, the draft's passes run eagerly.
+captured graphs, the draft's passes run eagerly. Acceptance (3) does not wait for the host:
+a request with non-finite logits is found on the device, its flag copied back behind the
+step and read only after the catch-up is queued.
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ class M3Eagle3Worker(BaseSpecWorker):
             spec_info=ChainInput(positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True),
             capture=CaptureHiddenMode.FULL,
         )
-        tokens, accept_len = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1))
+        tokens, accept_len, bad = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1))
+        bad_host, accepted = self._to_host_later(bad)
         if batch.return_logprob:
             compute_spec_v2_logprobs(
                 batch, lo, tokens.reshape(-1), torch.arange(bs * R, device=s.device).view(bs, R), K
@@ -195,6 +198,10 @@ class M3Eagle3Worker(BaseSpecWorker):
         last = torch.arange(bs, device=s.device) * R + accept_len - 1  # row of the last committed token
         bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
         lo.hidden_states = None  # the aux states are consumed; don't ship them to the scheduler
+        if accepted is not None:
+            accepted.synchronize()  # waits for acceptance only; the catch-up may still be running
+        if bad_host.any():
+            self._abort_non_finite(batch, bad_host)
         return GenerationBatchResult(
             logits_output=lo,
             next_token_ids=tokens.reshape(-1),
@@ -206,16 +213,29 @@ class M3Eagle3Worker(BaseSpecWorker):
         )
 
     def _accept(self, batch, verify_ids, logits):
-        """Tokens ``[bs, K + 1]`` and accept lengths ``[bs]`` (``verify.py``) from the rows shaped as
-        SGLang's sampler shapes one token (``rows.py``); requests whose logits are not finite end."""
+        """Tokens ``[bs, K + 1]``, accept lengths ``[bs]`` (``verify.py``) from the rows shaped as
+        SGLang's sampler shapes one token (``rows.py``), and ``[bs]`` flags of requests whose logits
+        are not finite: those commit one placeholder token (id 0) and end with an error at the end
+        of the step. All on the device: acceptance does not wait for the host (verify on such rows
+        gives valid ids, which are replaced)."""
         draft = verify_ids[:, 1:]
         shaped = self._shape_rows(batch, verify_ids, logits)
         bad = non_finite_requests(logits, shaped)
-        if bad.any():  # a host sync; such a request ends with an error after one placeholder token
-            self._abort_non_finite(batch, bad)
-            shaped = torch.where(bad[:, None, None], torch.zeros_like(shaped), shaped)
         tokens, accept_len = self._verify(batch, draft, shaped)
-        return tokens, torch.where(bad, torch.ones_like(accept_len), accept_len)
+        tokens = tokens.masked_fill(bad.unsqueeze(1), 0)
+        return tokens, torch.where(bad, torch.ones_like(accept_len), accept_len), bad
+
+    @staticmethod
+    def _to_host_later(flags):
+        """A host copy of ``flags`` queued behind the work so far, and the event to wait on before
+        reading it (None on the CPU)."""
+        if not flags.is_cuda:
+            return flags, None
+        host = flags.to("cpu", non_blocking=True)  # into pinned memory: no wait here
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
+
 
     def _verify(self, batch, draft, shaped):
         info = batch.sampling_info
@@ -315,7 +335,8 @@ def _penalties(reqs, vocab: int, device) -> Penalties:
     of each speculative step, so it is rebuilt here from the requests' outputs). Only the token ids
     cross to the device; the ``[bs, V]`` tables are built there."""
     bs = len(reqs)
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
+    # non_blocking: a pageable host copy is staged at once, without waiting for the device's queue
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
     out_rows = as_tensor([i for i, r in enumerate(reqs) for _ in r.output_ids], torch.long)
     out_ids = as_tensor([t for r in reqs for t in r.output_ids], torch.long)
     counts = torch.zeros(bs, vocab, dtype=torch.float32, device=device)
