@@ -55,6 +55,11 @@ architecture name inside these functions):
   with a custom logit processor (which the chain verify does not apply) or a
   ``sampling_seed`` SGLang would ignore are refused at admission
   (``spec/admission.py``); SGLang has no per-worker admission hook.
+* ``Scheduler.get_internal_state`` (AFTER): under our EAGLE3 worker, adds
+  ``"sglang_m3_eagle3"``: which path the draft's passes took (CUDA graphs, static
+  buffers, eager), counted per pass (``M3Eagle3Worker.sglang_m3_stats``), so
+  ``Engine.get_server_info()`` / ``/server_info`` show whether the draft graphs
+  replay. SGLang's state dump has no per-worker extension point.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -138,6 +143,7 @@ def _hooks() -> list:
         (compat.HANDLE_KV4_COMPATIBILITY, _kv4_check, HookType.AROUND),
         (compat.APPLY_CUDA_GRAPH_COMPATIBILITY, _decode_graphs_only, HookType.AROUND),
         (compat.VALIDATE_ONE_REQUEST, _admit_speculative, HookType.BEFORE),
+        (compat.SCHEDULER_GET_INTERNAL_STATE, _eagle3_state, HookType.AFTER),
         (compat.MODEL_CONFIG_INIT, _text_only, HookType.AFTER),
     ]
     if not torch.cuda.is_available():
@@ -248,6 +254,12 @@ def _admit_speculative(self, obj, input_ids):
             getattr(obj, "custom_logit_processor", None),
             bool(getattr(self.server_args, "enable_deterministic_inference", False)),
         )
+
+
+def _eagle3_state(result, self, *args, **kwargs) -> None:
+    stats = getattr(getattr(self, "draft_worker", None), "sglang_m3_stats", None)
+    if callable(stats):
+        result.internal_state["sglang_m3_eagle3"] = stats()
 
 
 def _kv4_check(original, self):

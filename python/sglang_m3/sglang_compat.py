@@ -22,7 +22,8 @@ server_args}``, ``DefaultPoolConfigurator._cell_size`` (written), ``ServerArgs.
 {cuda_graph_config.prefill.backend, _cuda_graph_config_locked, get_model_config()}``,
 ``SpeculativeAlgorithm.is_eagle3()``, ``TokenizerManager.{server_args, model_config}``,
 ``ModelConfig.{hf_config, is_multimodal, ...}`` (the flags in ``plugin._MULTIMODAL_FLAGS``),
-``PagedTokenToKVPoolAllocator.device``.
+``PagedTokenToKVPoolAllocator.device``, ``Scheduler.draft_worker``, ``GetInternalStateReqOutput.
+internal_state`` (written).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ HANDLE_KV4_COMPATIBILITY = "sglang.srt.server_args.ServerArgs._handle_kv4_compat
 APPLY_CUDA_GRAPH_COMPATIBILITY = "sglang.srt.server_args.ServerArgs._apply_cuda_graph_compatibility"
 MODEL_CONFIG_INIT = "sglang.srt.configs.model_config.ModelConfig.__init__"
 VALIDATE_ONE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+SCHEDULER_GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 # CPU only (registered when torch.cuda.is_available() is False; cpu_hooks.py)
 PAGED_ALLOC_EXTEND = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend"
 PAGED_ALLOC_DECODE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode"

@@ -4,6 +4,8 @@ fp32 model and KV, IEEE fp32 dots (``conftest._triton_env``), so greedy output c
 compared token for token.
 Graph replays pad the batch to a captured size, which may change the fused MoE's tile
 config (and so its reduction order): log-probs are compared to 1e-5, tokens exactly.
+With graphs on, the EAGLE3 draft's chain and catch-up replay their own CUDA graphs
+(``spec/draft_graphs.py``); the batch of 3 replays the captured size 4 (padded rows).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ def _run(model, args, prompts, **extra):
         greedy = engine_greedy(engine, prompts, NEW)
         logprobs, outs = engine_output_logprobs(engine, prompts[:2])
         stats = [o["meta_info"].get("spec_verify_ct") for o in outs]
+        padded = engine_greedy(engine, prompts[:3], NEW)  # 3 requests: replayed as the captured size 4
+        draft = engine.get_server_info()["internal_states"][0].get("sglang_m3_eagle3")  # EAGLE3 runs only
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)
     finally:
         engine.shutdown()
-    return greedy, logprobs, stats
+    return greedy, logprobs, stats, padded, draft
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +55,20 @@ def runs(tiny_vl, tiny_draft, corpus_ids):
 
 @pytest.mark.parametrize("variant", ["graphs", "eagle3_eager", "eagle3_graphs"])
 def test_token_exact_against_eager_decode(runs, variant):
-    greedy, logprobs, _ = runs[variant]
-    ref_greedy, ref_logprobs, _ = runs["eager"]
+    greedy, logprobs, _, padded, _ = runs[variant]
+    ref_greedy, ref_logprobs, _, ref_padded, _ = runs["eager"]
     assert greedy == ref_greedy
+    assert padded == ref_padded
     for got, want in zip(logprobs, ref_logprobs):
         assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_eagle3_draft_passes_replay_cuda_graphs(runs):
+    graphs, eager = runs["eagle3_graphs"][4], runs["eagle3_eager"][4]
+    assert graphs["draft_graphs"] == "cuda_graph" and graphs["sizes"][-1] >= 4, graphs
+    assert graphs["chain_replays"] > 0 and graphs["catch_up_replays"] > 0, graphs
+    assert graphs["eager_chain"] == graphs["eager_catch_up"] == 0, graphs  # every batch here is <= 4 requests
+    assert eager["draft_graphs"] == "off" and eager["eager_catch_up"] > 0, eager
 
 
 def test_eagle3_accepts_drafts_on_gpu(runs):

@@ -21,10 +21,13 @@ One step (``K`` = ``--speculative-num-steps``, position ``s`` = ``seq_len``):
 Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots as
 the target's, so rejected positions are simply overwritten by the next step and
 finishing a request frees everything. The worker runs without overlap scheduling (the
-server overrides turn it off at start-up); on CUDA the target's verify replays SGLang's
-captured graphs, the draft's passes run eagerly. Acceptance (3) does not wait for the host:
-a request with non-finite logits is found on the device, its flag copied back behind the
-step and read only after the catch-up is queued.
+server overrides turn it off at start-up). On CUDA with graphs on, the target's verify
+replays SGLang's captured graphs and the draft's chain (1) and catch-up (4) replay our
+own, one pair per captured batch size (``draft_graphs.py``); batches above the largest
+size, CPU and ``--disable-cuda-graph`` run them eagerly through ``runner.forward``.
+Acceptance (3) stays eager (its grammar masks and penalty tables are host work) but does
+not wait for the host: a request with non-finite logits is found on the device, its flag
+copied back behind the step and read only after the catch-up is queued.
 """
 
 from __future__ import annotations
@@ -93,11 +96,28 @@ class M3Eagle3Worker(BaseSpecWorker):
         draft.set_embed(target_worker.model_runner.model.get_input_embeddings())
         hot = draft.get_hot_token_id()
         self.draft_to_target = hot.to(self.device) if hot is not None else None  # [V_draft] target ids
+        self.draft_graphs = None  # ``draft_graphs.DraftGraphs`` once ``init_cuda_graphs`` ran, if any apply
+        self._eager_counts = {"eager_chain": 0, "eager_catch_up": 0}
         logger.info("sglang-m3 EAGLE3 chain worker: %d draft steps, %d verify rows", self.num_steps, self.num_steps + 1)
 
     # -- SGLang's worker interface ------------------------------------------------------
     def init_cuda_graphs(self):
+        """SGLang captures the target's graphs first (scheduler order); the draft's own follow,
+        in the same graph memory pool."""
+        from .draft_graphs import DraftGraphs
+
         self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
+        self.draft_graphs = DraftGraphs.build(self)
+        if self.draft_graphs is not None and self.draft_graphs.mode == "cuda_graph":
+            self._additional_graph_memory_usage["draft_decode"] = self.draft_graphs.memory_gb
+            self._additional_graph_time_usage["draft_decode"] = self.draft_graphs.capture_s
+
+    def sglang_m3_stats(self) -> dict:
+        """Which path the draft's passes took, counted per pass since start-up; surfaced through
+        ``Engine.get_server_info()["internal_states"][rank]["sglang_m3_eagle3"]`` (``plugin.py``)."""
+        graphs = self.draft_graphs
+        base = graphs.stats() if graphs is not None else {"draft_graphs": "off", "sizes": []}
+        return {**base, **self._eager_counts}
 
     @property
     def spec_v2_attn_backends(self) -> tuple:
@@ -145,21 +165,11 @@ class M3Eagle3Worker(BaseSpecWorker):
         ladder = s.unsqueeze(1) + rows  # [bs, R] positions s..s+K
         slots = self.req_to_token_pool.req_to_token[batch.req_pool_indices.unsqueeze(1), ladder]  # [bs, R]
 
-        drafts, hidden = [info.topk_index[:, 0]], info.hidden_states
-        for j in range(1, K):  # draft decode at position s + j - 1 predicts d_{j+1}
-            lo, _ = self._run(
-                self.draft_runner,
-                batch,
-                ForwardMode.DECODE,
-                input_ids=drafts[-1],
-                out_cache_loc=slots[:, j - 1].contiguous(),
-                seq_lens=s + j,
-                spec_info=ChainInput(hidden_states=hidden),
-                capture=CaptureHiddenMode.LAST,
-            )
-            drafts.append(self._to_target(lo.next_token_logits.argmax(dim=-1)))
-            hidden = lo.hidden_states
-        draft = torch.stack(drafts, dim=1)  # [bs, K]
+        draft = None
+        if self.draft_graphs is not None and K > 1:  # K = 1: no draft forward before verify
+            draft = self.draft_graphs.chain(info.topk_index[:, 0], info.hidden_states, s, batch.req_pool_indices, slots)
+        if draft is None:
+            draft = self._eager_chain(batch, info, s, slots)  # [bs, K]
 
         verify_ids = torch.cat([info.bonus_tokens.to(draft.dtype).unsqueeze(1), draft], dim=1)  # [bs, R]
         lo, graphed = self._run(
@@ -183,19 +193,11 @@ class M3Eagle3Worker(BaseSpecWorker):
             on_publish(new_seq_lens)
 
         # Catch-up: row t gets token t + 1 (= tokens[t] where accepted) and the target's hidden of row t.
-        dlo, _ = self._run(
-            self.draft_runner,
-            batch,
-            ForwardMode.TARGET_VERIFY,
-            input_ids=tokens.reshape(-1),
-            out_cache_loc=slots.reshape(-1),
-            seq_lens=s,
-            spec_info=ChainInput(
-                hidden_states=lo.hidden_states, positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True
-            ),
-            capture=CaptureHiddenMode.FULL,
-        )
-        last = torch.arange(bs, device=s.device) * R + accept_len - 1  # row of the last committed token
+        seed = None
+        if self.draft_graphs is not None:
+            seed = self.draft_graphs.catch_up(tokens, lo.hidden_states, s, batch.req_pool_indices, slots, accept_len)
+        if seed is None:
+            seed = self._eager_catch_up(batch, tokens, lo.hidden_states, s, ladder, slots, accept_len)
         bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
         lo.hidden_states = None  # the aux states are consumed; don't ship them to the scheduler
         if accepted is not None:
@@ -208,9 +210,45 @@ class M3Eagle3Worker(BaseSpecWorker):
             accept_lens=accept_len,
             new_seq_lens=new_seq_lens,
             speculative_num_draft_tokens=R,
-            next_draft_input=self._draft_input(dlo.next_token_logits[last], dlo.hidden_states[last], bonus),
+            next_draft_input=self._seed(*seed, bonus),
             can_run_cuda_graph=graphed,
         )
+
+    def _eager_chain(self, batch, info, s, slots):
+        """Drafts ``[bs, K]`` through ``runner.forward`` (no graph covers this batch)."""
+        self._eager_counts["eager_chain"] += int(self.num_steps > 1)  # K = 1 has no chain forward
+        drafts, hidden = [info.topk_index[:, 0]], info.hidden_states
+        for j in range(1, self.num_steps):  # draft decode at position s + j - 1 predicts d_{j+1}
+            lo, _ = self._run(
+                self.draft_runner,
+                batch,
+                ForwardMode.DECODE,
+                input_ids=drafts[-1],
+                out_cache_loc=slots[:, j - 1].contiguous(),
+                seq_lens=s + j,
+                spec_info=ChainInput(hidden_states=hidden),
+                capture=CaptureHiddenMode.LAST,
+            )
+            drafts.append(self._to_target(lo.next_token_logits.argmax(dim=-1)))
+            hidden = lo.hidden_states
+        return torch.stack(drafts, dim=1)
+
+    def _eager_catch_up(self, batch, tokens, aux, s, ladder, slots, accept_len):
+        """(next ``d_1`` ``[bs, 1]``, hidden ``[bs, H]``) through ``runner.forward``."""
+        self._eager_counts["eager_catch_up"] += 1
+        bs, R = tokens.shape
+        dlo, _ = self._run(
+            self.draft_runner,
+            batch,
+            ForwardMode.TARGET_VERIFY,
+            input_ids=tokens.reshape(-1),
+            out_cache_loc=slots.reshape(-1),
+            seq_lens=s,
+            spec_info=ChainInput(hidden_states=aux, positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True),
+            capture=CaptureHiddenMode.FULL,
+        )
+        last = torch.arange(bs, device=s.device) * R + accept_len - 1  # row of the last committed token
+        return self._to_target(dlo.next_token_logits[last].argmax(dim=-1, keepdim=True)), dlo.hidden_states[last]
 
     def _accept(self, batch, verify_ids, logits):
         """Tokens ``[bs, K + 1]``, accept lengths ``[bs]`` (``verify.py``) from the rows shaped as
@@ -235,7 +273,6 @@ class M3Eagle3Worker(BaseSpecWorker):
         done = torch.cuda.Event()
         done.record()
         return host, done
-
 
     def _verify(self, batch, draft, shaped):
         info = batch.sampling_info
@@ -309,8 +346,12 @@ class M3Eagle3Worker(BaseSpecWorker):
         return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
 
     def _draft_input(self, logits, hidden, bonus) -> EagleDraftInput:
-        """Next step's seed: ``d_1`` (target ids, in ``topk_index``), hidden state, bonus token."""
-        d1 = self._to_target(logits.argmax(dim=-1, keepdim=True))  # [bs, 1]
+        """Next step's seed from the draft's logits of each request's last row."""
+        return self._seed(self._to_target(logits.argmax(dim=-1, keepdim=True)), hidden, bonus)
+
+    @staticmethod
+    def _seed(d1, hidden, bonus) -> EagleDraftInput:
+        """Next step's seed: ``d_1`` ``[bs, 1]`` (target ids, in ``topk_index``), hidden state, bonus token."""
         return EagleDraftInput(
             topk_p=torch.ones_like(d1, dtype=torch.float32),
             topk_index=d1,
