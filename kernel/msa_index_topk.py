@@ -60,23 +60,34 @@ class TopkSettings:
     score_stages_fp8: int = 3
     score_warps: int = 4  # warps per score program; 8 was up to 2x slower at batch 64 (occupancy)
     # Fuse the top-k selection into the score kernel when there are at most this many query
-    # rows and a tile's keys ((row, head) pairs x blocks, padded to powers of two) fit
-    # fuse_select_max_keys, one in-register sort; 0 rows turns fusion off. Fusion pays for
-    # decode (one-row tiles) and loses once one program sorts several thousand keys (they spill
-    # from 4 warps' registers)
+    # rows and a tile's (row, head) pairs (padded to a power of two) times a chunk of at least
+    # fuse_select_min_chunk blocks fit fuse_select_max_keys, one in-register sort per chunk;
+    # 0 rows turns fusion off. Fusion pays for decode (one-row tiles) and loses once one
+    # program sorts several thousand keys (they spill from 4 warps' registers)
     fuse_select_max_rows: int = 64
     fuse_select_max_keys: int = 1024
-    # In-register top-k of rows of at least this many keys as TOPK rounds of (row max, knock it
-    # out) instead of the bitonic tl.topk, whose merge passes exchange every key across threads.
-    # Each round is a block-wide reduction (~0.2 us), so the rounds win only on the longest rows
-    select_argmax_min_keys: int = 2048
+    fuse_select_min_chunk: int = 64
+    # blocks per chunk of the selection's streaming top-k (rows longer than this take several
+    # chunks, each merged into the running top-k): the unfused kernel's sort width
+    select_chunk: int = 512
 
     def __post_init__(self):
-        for name in ("score_slots", "score_most_pages", "score_stages", "score_stages_fp8", "score_warps"):
+        for name in (
+            "score_slots",
+            "score_most_pages",
+            "score_stages",
+            "score_stages_fp8",
+            "score_warps",
+            "fuse_select_min_chunk",
+            "select_chunk",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"TopkSettings.{name} must be >= 1, got {getattr(self, name)}")
         if self.score_warps & (self.score_warps - 1):
             raise ValueError(f"TopkSettings.score_warps must be a power of two, got {self.score_warps}")
+        for name in ("fuse_select_min_chunk", "select_chunk"):
+            if getattr(self, name) & (getattr(self, name) - 1):
+                raise ValueError(f"TopkSettings.{name} must be a power of two, got {getattr(self, name)}")
 
 
 DEFAULT_SETTINGS = TopkSettings()
@@ -265,15 +276,18 @@ def msa_topk(
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
     pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * settings.score_slots, settings.score_most_pages)
     k2 = triton.next_power_of_2(topk)
-    chunk = max(min(triton.next_power_of_2(max_pages), 4096), k2)  # one register-resident sort up to 512K tokens
-    num_chunks = -(-max_pages // chunk)
+    # the selection streams each row's blocks CHUNK at a time up to the row's own block, so
+    # the page table's width (the longest context) costs a short row nothing
+    chunk = max(min(triton.next_power_of_2(max_pages), settings.select_chunk), k2)
     sel_m = triton.next_power_of_2(block_r * H)
-    fuse = num_chunks == 1 and R <= settings.fuse_select_max_rows and sel_m * chunk <= settings.fuse_select_max_keys
+    fused_chunk = min(chunk, settings.fuse_select_max_keys // sel_m)
+    fuse = R <= settings.fuse_select_max_rows and fused_chunk >= max(k2, min(chunk, settings.fuse_select_min_chunk))
+    if fuse:
+        chunk = fused_chunk
     cnt = counters(index_q.device, "msa_topk", n_tiles) if fuse else out
     pdl = use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
-    argmax = chunk >= settings.select_argmax_min_keys
-    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl, ARGMAX=argmax)
+    sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
     _block_score_kernel[(n_tiles, -(-max_pages // pages))](
         index_q,
         index_k_cache,
@@ -285,7 +299,6 @@ def msa_topk(
         cnt,
         float(k_scale),
         R,
-        pages,
         index_q.stride(0),
         index_q.stride(1),
         index_k_cache.stride(0),
@@ -318,9 +331,8 @@ def msa_topk(
         scores.stride(1),
         out.stride(0),
         out.stride(1),
-        NUM_CHUNKS=num_chunks,
         **sel,
-        num_warps=max(1, min(8, chunk // 512)),
+        num_warps=max(1, min(8, chunk // 256)),
         **launch,
     )
     return out

@@ -8,22 +8,25 @@ only, no host sync):
    that request ONCE and scores it for all its rows and heads with one ``tl.dot``
    ([BLOCK_R * H, D] x [D, block]); a tile spanning several requests loops over its segments.
    Verify (1 + K rows per request) and prefill thus scan the history once per tile instead of
-   once per row. A program loads its chunk's page ids once, before its loop, so the loads of
-   its index-K pages depend on no other load and Triton's pipeliner can keep
-   ``num_stages - 1`` of them in flight. Output: causal block max ``[R, H, max_pages]`` fp32;
+   once per row. The grid's page programs take the pages strided (program ``c`` of ``G``:
+   pages ``c, c + G, ...``), so however wide the page table is (it is sized for the longest
+   context, 1M tokens for M3), the pages a row actually has spread over all programs. A
+   program loads its page ids once, before its loop, so the loads of its index-K pages depend
+   on no other load and Triton's pipeliner can keep ``num_stages - 1`` of them in flight.
+   Output: causal block max ``[R, H, max_pages]`` fp32;
    columns past a row's own block are never written and never read.
 2. Selection: force the local blocks to +inf and extract the top-k under the total order
    (score desc, block asc), so the result equals ``msa_topk_ref`` slot for slot; exhausted
-   slots (-inf) are -1. Rows of up to 4096 blocks (512K tokens at block 128) take one
-   in-register top-k on packed (score, block) int64 keys (bitonic ``tl.topk``, or rounds of
-   arg-max for the longest rows).
+   slots (-inf) are -1. The row's blocks stream through registers CHUNK at a time, only up to
+   the row's own block (a loop bound read from ``row_pos``, so a page table sized for a 1M
+   context costs a short row nothing): each chunk's top-k of packed (score, block) int64 keys
+   (bitonic ``tl.topk``) is merged with the running top-k by one more ``tl.topk`` over both.
 
    * fused (``FUSE``, small tiles): every score program takes a ticket on its tile's counter
      after writing its block maxima; the program that draws the last ticket selects for all
-     rows x heads of the tile (one 2-D top-k) and resets the counter to 0 for the next launch.
-     Saves the second launch.
-   * else ``_topk_select_kernel``: grid (R, H); rows longer than 4096 blocks stream in chunks
-     with one arg-max sweep per slot.
+     rows x heads of the tile (one 2-D top-k per chunk) and resets the counter to 0 for the
+     next launch. Saves the second launch.
+   * else ``_topk_select_kernel``: grid (R, H), one (row, head) per program.
 
 Programmatic dependent launch as in ``msa_sparse_attn`` (``pdl.py``).
 """
@@ -48,45 +51,37 @@ def _select_rows(
     stride_sh,
     stride_or,
     stride_oh,
+    M: tl.constexpr,
     BS: tl.constexpr,
     TOPK: tl.constexpr,
     LOCAL: tl.constexpr,
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
-    ARGMAX: tl.constexpr,
 ):
     """Top-k of ``M`` (row, head) score rows at once (``row``/``head``/``pos``/``ok``: ``[M]``).
 
     key = (order-preserving score bits << 31) | (2^31 - 1 - block): descending keys are
     (score desc, block asc), exactly the reference order, and distinct. Absent blocks get -1.
-    ARGMAX: TOPK rounds of (row max, knock it out) instead of the bitonic ``tl.topk``.
+    The rows' blocks go through in chunks of CHUNK, up to the longest row's own block.
     """
-    b = tl.arange(0, CHUNK)[None, :]
     q_blk = (pos // BS)[:, None]
     nb = q_blk + 1  # blocks 0..q_blk exist for this row
     r64 = row.to(tl.int64)[:, None]
-    # .cg: the block maxima were written by other programs (other SMs): read them from L2
-    s = tl.load(
-        score_ptr + r64 * stride_sr + head[:, None] * stride_sh + b,
-        mask=ok[:, None] & (b < nb),
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
-    bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
-    ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
-    key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
+    s_base = score_ptr + r64 * stride_sr + head[:, None] * stride_sh
     t = tl.arange(0, K2)[None, :]
-    if ARGMAX:
-        best = tl.max(key, axis=1)[:, None]
-        top = tl.where(t == 0, best, -1)
-        for i in tl.static_range(1, TOPK):
-            key = tl.where(key == best, -1, key)  # keys are distinct: knocks out exactly one
-            best = tl.max(key, axis=1)[:, None]
-            top = tl.where(t == i, best, top)
-    else:
-        top = tl.topk(key, K2)  # [M, K2], descending
+    top = tl.zeros([M, K2], dtype=tl.int64) - 1
+    n_chunks = tl.cdiv(tl.max(tl.where(ok, pos // BS + 1, 0)), CHUNK)
+    for c in range(0, n_chunks):
+        b = c * CHUNK + tl.arange(0, CHUNK)[None, :]
+        # .cg: the block maxima were written by other programs (other SMs): read them from L2
+        s = tl.load(s_base + b, mask=ok[:, None] & (b < nb), other=float("-inf"), cache_modifier=".cg")
+        s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)  # force local blocks
+        bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        # float -> uint32 monotone: flip all bits of negatives, the sign bit of the rest
+        ukey = tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
+        key = tl.where(b < nb, (ukey << 31) | (2147483647 - b), -1)
+        best = tl.topk(key, K2)  # [M, K2], descending
+        top = tl.topk(tl.reshape(tl.join(top, best), [M, 2 * K2]), K2)
     blk = 2147483647 - (top & 2147483647)
     # score <= -inf (ukey <= ukey(-inf) = 0x7FFFFF) or absent: the slot is empty
     blk = tl.where((top < 0) | ((top >> 31) <= 0x7FFFFF), -1, blk)
@@ -113,7 +108,6 @@ def _fused_select(
     LOCAL: tl.constexpr,
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
-    ARGMAX: tl.constexpr,
 ):
     """Called by every score program of ``tile`` once its maxima are stored; the last one selects."""
     tl.debug_barrier()  # every thread's score stores precede the release below
@@ -134,12 +128,12 @@ def _fused_select(
             stride_sh,
             stride_or,
             stride_oh,
+            SEL_M,
             BS,
             TOPK,
             LOCAL,
             CHUNK,
             K2,
-            ARGMAX,
         )
         tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
@@ -156,7 +150,6 @@ def _block_score_kernel(
     cnt_ptr,
     k_scale,
     R,
-    pages,
     stride_qr,
     stride_qh,
     stride_kt,
@@ -180,10 +173,10 @@ def _block_score_kernel(
     CHUNK: tl.constexpr,
     K2: tl.constexpr,
     PDL: tl.constexpr,
-    ARGMAX: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    first_page = tl.program_id(1) * pages
+    first_page = tl.program_id(1)  # this program's pages: first_page, first_page + stride, ...
+    page_stride = tl.num_programs(1)
     # -- rows of this tile: m -> (row = tile * BLOCK_R + m // H, head = m % H) ----------
     m = tl.arange(0, BLOCK_M)
     row = tile * BLOCK_R + m // H
@@ -211,11 +204,11 @@ def _block_score_kernel(
         leader = tl.min(tl.where(done, 9223372036854775807, req))
         seg = (req == leader) & ~done
         last_blk = tl.max(tl.where(seg, pos, -1)) // BS
-        # pages of this chunk up to the segment's last block; their ids, loaded up front
-        n = tl.minimum(pages, last_blk + 1 - first_page).to(tl.int32)
-        pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp, mask=pp < n, other=0)
+        # this program's pages up to the segment's last block; their ids, loaded up front
+        n = tl.maximum(tl.cdiv(last_blk + 1 - first_page, page_stride), 0).to(tl.int32)
+        pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp * page_stride, mask=pp < n, other=0)
         for i in range(0, n):
-            b = first_page + i
+            b = first_page + i * page_stride
             page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
             # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 --------------
             kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
@@ -249,7 +242,6 @@ def _block_score_kernel(
             LOCAL,
             CHUNK,
             K2,
-            ARGMAX,
         )
 
 
@@ -266,58 +258,27 @@ def _topk_select_kernel(
     TOPK: tl.constexpr,
     LOCAL: tl.constexpr,
     CHUNK: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
     K2: tl.constexpr,
     PDL: tl.constexpr = False,
-    ARGMAX: tl.constexpr = False,
 ):
-    r = tl.program_id(0)
-    h = tl.program_id(1)
+    one = tl.full([1], 0, tl.int32)
     gdc_wait(PDL)
-    pos = tl.load(row_pos_ptr + r).to(tl.int64)
-    q_blk = pos // BS
-    nb = q_blk + 1  # blocks 0..q_blk exist for this row
-    s_row = score_ptr + r.to(tl.int64) * stride_sr + h * stride_sh
-    o_row = out_ptr + r.to(tl.int64) * stride_or + h * stride_oh
-    BIG: tl.constexpr = 2147483647
-    prev_s = float("inf")
-    prev_b = -1
-    if NUM_CHUNKS == 1:
-        # -- whole row in registers: one top-k (see _select_rows) -------------------------
-        one = tl.full([1], 0, tl.int32)
-        _select_rows(
-            score_ptr,
-            out_ptr,
-            one + r,
-            one + h,
-            one.to(tl.int64) + pos,
-            one == 0,
-            stride_sr,
-            stride_sh,
-            stride_or,
-            stride_oh,
-            BS,
-            TOPK,
-            LOCAL,
-            CHUNK,
-            K2,
-            ARGMAX,
-        )
-    else:
-        # -- long rows: the same sweeps, streaming the row chunk by chunk (L2 resident) --
-        for t in range(TOPK):
-            best_s = float("-inf")
-            best_b = BIG
-            for c in range(NUM_CHUNKS):
-                b = c * CHUNK + tl.arange(0, CHUNK)
-                s = tl.load(s_row + b, mask=b < nb, other=float("-inf"))
-                s = tl.where((b <= q_blk) & (b > q_blk - LOCAL), float("inf"), s)
-                cand = ((s < prev_s) | ((s == prev_s) & (b > prev_b))) & (b < nb)
-                cs = tl.max(tl.where(cand, s, float("-inf")))
-                cb = tl.min(tl.where(cand & (s == cs), b, BIG))
-                better = (cs > best_s) | ((cs == best_s) & (cb < best_b))
-                best_s = tl.where(better, cs, best_s)
-                best_b = tl.where(better, cb, best_b)
-            tl.store(o_row + t, tl.where((best_s == float("-inf")) | (best_b == BIG), -1, best_b).to(tl.int32))
-            prev_s = best_s
-            prev_b = best_b
+    pos = tl.load(row_pos_ptr + tl.program_id(0) + one).to(tl.int64)
+    _select_rows(
+        score_ptr,
+        out_ptr,
+        one + tl.program_id(0),
+        one + tl.program_id(1),
+        pos,
+        one == 0,
+        stride_sr,
+        stride_sh,
+        stride_or,
+        stride_oh,
+        1,
+        BS,
+        TOPK,
+        LOCAL,
+        CHUNK,
+        K2,
+    )

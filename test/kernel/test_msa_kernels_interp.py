@@ -48,10 +48,11 @@ def _ints(shape, gen, lim=8):
     return torch.randint(-lim, lim + 1, shape, generator=gen).float()
 
 
-@pytest.mark.parametrize("argmax", [False, True])
-def test_topk_order_with_ties(argmax):
-    """Both in-register selections (bitonic tl.topk, rounds of arg-max) keep the reference order."""
-    settings = TopkSettings(select_argmax_min_keys=0 if argmax else 1 << 30)
+@pytest.mark.parametrize("chunk", [16, 512])
+def test_topk_order_with_ties(chunk):
+    """The streaming selection keeps the reference order, ties included, in one chunk per row (512)
+    and in chunks merged into the running top-k (16 blocks: rows of up to 6 chunks)."""
+    settings = TopkSettings(select_chunk=chunk, fuse_select_max_rows=0)
     g, pt, rr, rp = _batch(1)
     iq = torch.randn(len(rr), HKV, D, generator=g).to(DEV)
     ik = torch.randn(64 * BS, D, generator=g)
@@ -60,6 +61,20 @@ def test_topk_order_with_ties(argmax):
     got = msa_topk(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2, settings=settings)
     ref = msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=2)
     assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_topk_wide_page_table_short_rows(fuse):
+    """A page table far wider than the rows (serving sizes it for the longest context): every score
+    program takes strided pages and the selection stops at each row's own block; same ids."""
+    g, pt, rr, rp = _batch(7)
+    wide = torch.full((pt.shape[0], 256), 63, dtype=pt.dtype, device=pt.device)  # past the rows: never read
+    wide[:, : pt.shape[1]] = pt
+    settings = TopkSettings(fuse_select_max_rows=1 << 20 if fuse else 0, select_chunk=32)
+    iq = _ints((len(rr), HKV, D), g).to(DEV)
+    ik = _ints((64 * BS, D), g).to(DEV)
+    got = msa_topk(iq, ik, wide, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, settings=settings)
+    assert torch.equal(got, msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -197,9 +212,10 @@ def test_attention_merge_launch_in_chunks(kind, peaked_q, rel_err):
         assert rel_err(out, ref) <= REL_ERR[kind]
 
 
-@pytest.mark.parametrize("num_chunks,argmax", [(1, False), (1, True), (4, False)])
-def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
-    """The select stage alone, also in its streaming form (rows longer than one sort)."""
+@pytest.mark.parametrize("chunk", [64, 16, 4])
+def test_select_kernel_chunked_matches_reference(chunk):
+    """The select stage alone: one chunk per row, and rows streamed in chunks of 16 or 4 blocks
+    (each chunk's top-k merged into the running one; 4: a chunk as narrow as the top-k itself)."""
     from sglang_m3_kernels.msa_index_topk import _select
     from sglang_m3_kernels.msa_index_topk_triton import _topk_select_kernel
 
@@ -208,7 +224,6 @@ def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
     scores = torch.randn(rows, 1, blocks, generator=g).round(decimals=1)  # rounding makes ties
     pos = torch.tensor([0, 15, 100, 511, 1023, 700]) * (blocks * BS // 1024)
     out = torch.empty(rows, 1, TOPK, dtype=torch.int32)
-    chunk = blocks // num_chunks
     args = (scores.to(DEV), pos.to(DEV), out.to(DEV))
     _topk_select_kernel[(rows, 1)](
         *args,
@@ -219,10 +234,8 @@ def test_select_kernel_chunked_matches_reference(num_chunks, argmax):
         BS=BS,
         TOPK=TOPK,
         LOCAL=1,
-        CHUNK=chunk,
-        NUM_CHUNKS=num_chunks,
+        CHUNK=max(chunk, TOPK),
         K2=TOPK,
-        ARGMAX=argmax,
     )
     for r in range(rows):
         nb = int(pos[r]) // BS + 1
@@ -255,5 +268,7 @@ def test_settings_reject_bad_values():
         AttentionSettings(warps=(8, 8))
     with pytest.raises(ValueError, match="score_warps"):
         TopkSettings(score_warps=3)
+    with pytest.raises(ValueError, match="select_chunk"):
+        TopkSettings(select_chunk=48)
     with pytest.raises(TypeError, match="TopkSettings"):
         msa_topk(*[torch.zeros(1)] * 5, block_size=16, topk=4, local_blocks=1, settings=AttentionSettings())
