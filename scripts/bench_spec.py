@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""EAGLE3 spec-step phases of a real-width M3 on one GPU: plain decode, the whole spec step, verify, draft.
+
+Target: the released config.json cut to ``--cuts`` (``D+S``: the first D dense and first S sparse layers,
+``scripts/bench_scaled.py``'s ``cut_config``), ``--load-format dummy``, TP1, CUDA graphs captured only at
+``--batches``. Draft: a generated (temp dir, never committed) ``LlamaForCausalLMEagle3`` config with the shape
+of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` / ``-GQA``): 1 layer, the target's hidden size (6144)
+and head_dim (128), 64 q heads, ``--draft-kv-heads`` KV heads (4: the GQA draft; 64: the MHA one), full
+vocabulary (200,064, no ``d2t``), rope theta as the target's, dummy weights too. ``intermediate_size`` is not
+public: 12,288 is our choice (with an own embedding, which sglang-m3 does not load since the target's is
+shared: 2.96B params GQA / 3.15B MHA, beside the ~3.3B the public drafts report). Captured layers: outputs
+``(0, (N-1)//2, N-2)`` of the N-layer cut (first, middle, last-but-one: (0, 1, 2) at 1+3, (0, 3, 6) at 1+7;
+the released draft's (2, 30, 57) do not exist in a cut). Random weights accept ~nothing (AL ~1): the run
+times the phases, and speed-ups at given acceptance lengths are *projected*.
+
+Per cut, two engines, each its own process (one failing keeps the rest): ``decode`` (no speculation) and
+``spec`` (EAGLE3, K = ``--num-steps`` = 3, topk 1, K + 1 = 4 draft tokens). Per batch (``--input-len``
+prompts):
+
+* ``t_decode``: streamed full-batch TPOT of the plain engine (``bench_scaled.decode_tpot``);
+* ``t_step``: streamed time per verify step of the spec engine, while the whole batch decodes (steps counted
+  by ``meta_info["spec_verify_ct"]``, or by streamed chunks where that is absent);
+* ``t_verify``, ``t_draft``: from a torch-profiler GPU trace of spec steps (CUDA only). ASSUMPTION (worker.py
+  ``_decode`` / draft_graphs.py): with graphs on, one spec step is exactly three ``cudaGraphLaunch`` calls in
+  this order: the draft chain (K - 1 draft decodes), the target's verify, the draft catch-up; acceptance and
+  the static-buffer copies run as eager kernels between them. GPU work (trace cat ``kernel`` / ``gpu_memcpy`` /
+  ``gpu_memset``) is assigned to the launch whose runtime event (cat ``cuda_runtime``) has the same
+  ``args.correlation``; a phase's time is the span from its first kernel's start to its last kernel's end.
+  The script fails (an ``error`` record, exit status 1) if the launches don't repeat in threes with the
+  verify launch the largest of each three, or their kernel counts vary from step to step (a leading partial
+  step and a trailing one whose catch-up had not run when the trace stopped are dropped, and counted);
+* ``overhead = t_step - t_verify - t_draft`` (host work, eager acceptance kernels, launch gaps);
+* projections to the released layer counts (its dense / sparse layer lists): per-layer costs from the cuts
+  (sparse: the slope over the cuts' sparse counts; dense: the slope over dense counts where the cuts vary
+  it, else the sparse slope times the HBM-byte ratio of a dense to a sparse layer, ``sizing``), fixed part =
+  head + draft + host; a check that the first cut *plus per-layer costs scaled from its own measurement by
+  the sizing byte counts* (time proportional to the floor's bytes) predicts each other cut (error
+  reported; a third cut is also predicted from the fit of the first two); projected speed-up
+  ``AL x t_decode / t_step`` at ``--accept-lengths`` beside the same ratio of the HBM floors
+  (``decode_step_bytes``; verify = the same with K + 1 rows per request, experts touched by bs x (K + 1)
+  rows, plus ``draft_step_bytes``). A graph's shape does not depend on acceptance, so ``t_step`` measured at
+  AL ~1 holds at any AL (the context grows faster: negligible over a step).
+
+Memory: the 1+7 cut is ~102 GiB of weights + 5.5 GiB of draft; 64 x 8K prompts fit at bf16 KV with the GQA
+draft; the 64-KV-head draft adds 32 KiB / token of draft KV (use it with 1+3 or smaller batches).
+
+    python3 scripts/bench_spec.py --cuts 1+3,1+7 --out benchmarks/spec_phases.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gzip
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = pathlib.Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("bench_scaled", HERE / "bench_scaled.py")
+scaled = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaled)
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+SPEC_PHASES = ("draft_chain", "verify", "draft_catch_up")  # graph launches of one spec step, in order
+DRAFT_HEADS = 64
+DRAFT_INTERMEDIATE = 12288  # not public: our choice (see the docstring)
+NEED_CUDA = "phases need CUDA: t_verify / t_draft come from the graph launches of a GPU trace"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cuts", default="1+3,1+7", help="comma list of DENSE+SPARSE layer cuts of the release")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--input-len", type=int, default=8192)
+    p.add_argument("--output-len", type=int, default=48)
+    p.add_argument("--modes", default="decode,spec", help="engines per cut: decode (plain), spec (EAGLE3)")
+    p.add_argument("--num-steps", type=int, default=3, help="K: draft tokens per step (topk 1, K + 1 verify rows)")
+    p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
+    p.add_argument("--draft-heads", type=int, default=DRAFT_HEADS)
+    p.add_argument("--draft-intermediate", type=int, default=DRAFT_INTERMEDIATE)
+    p.add_argument("--draft-path", default=None, help="an EAGLE3 draft directory instead of the generated one")
+    p.add_argument("--model-path", default=None, help="an M3 checkpoint directory instead of the cuts")
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--profile-steps", type=int, default=8, help="spec / decode steps traced per batch (CUDA)")
+    p.add_argument("--accept-lengths", default="2.8,3.0,3.4")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--mem-fraction-static", type=float, default=0.88)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--hbm-tbps", type=float, default=4.3)
+    p.add_argument("--out", default="bench_results/spec_phases.json")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: LABEL:MODE in this process
+    p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--draft-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--results", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def parse_cuts(text: str) -> list[tuple[int, int]]:
+    cuts = []
+    for part in text.split(","):
+        d, sep, s = part.strip().partition("+")
+        if not sep:
+            raise SystemExit(f"--cuts: {part!r} is not DENSE+SPARSE (e.g. 1+3)")
+        cuts.append((int(d), int(s)))
+    return cuts
+
+
+# -- the real-width draft ---------------------------------------------------------------------
+
+
+def draft_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """Outputs of the first, middle and last-but-one layer of an N-layer (cut) target."""
+    return (0, (num_layers - 1) // 2, num_layers - 2)
+
+
+def real_width_draft_config(target_cfg: dict, kv_heads=4, heads=DRAFT_HEADS, intermediate=DRAFT_INTERMEDIATE) -> dict:
+    """The public M3 drafts' shape over ``target_cfg`` (tiny/eagle3.draft_config with the widths changed):
+    the target's hidden size, head_dim, rope theta and full vocabulary (no ``d2t``)."""
+    from sglang_m3.tiny.eagle3 import draft_config
+
+    t = target_cfg.get("text_config", target_cfg)
+    cfg = draft_config(target_cfg, draft_aux_layer_ids(t["num_hidden_layers"]), draft_vocab_size=t["vocab_size"])
+    cfg.update(num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate)
+    return cfg
+
+
+def make_draft_dir(target_dir: pathlib.Path, args) -> pathlib.Path:
+    out = pathlib.Path(tempfile.mkdtemp(prefix="m3-draft-"))
+    cfg = real_width_draft_config(
+        json.loads((target_dir / "config.json").read_text()),
+        args.draft_kv_heads,
+        args.draft_heads,
+        args.draft_intermediate,
+    )
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in target_dir.iterdir():  # tokenizer files, should anything read them from the draft's path
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+# -- streamed timings ------------------------------------------------------------------------
+
+
+async def _stream_spec(engine, ids, new, marks):
+    sampling = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    async for chunk in await engine.async_generate(input_ids=ids, sampling_params=sampling, stream=True):
+        meta = chunk["meta_info"]
+        marks.append((time.perf_counter(), meta["completion_tokens"], meta.get("spec_verify_ct")))
+    return marks
+
+
+def full_batch_steps(marks: list[list[tuple]]) -> dict:
+    """Seconds per step while every request decodes, from ``(time, completion tokens, verify count or None)``
+    marks per request: the window runs from the last request's first mark to the first request's last mark;
+    a request's steps in it are its verify-count increase (absent before its first verify: 0), or its marks
+    in the window where no mark of it carries a count (one streamed chunk per step)."""
+    start = max(m[0][0] for m in marks)
+    end = min(m[-1][0] for m in marks)
+
+    def at(m, t, i):
+        return max((x[i] or 0) for x in m if x[0] <= t)
+
+    steps, tokens, counted = [], [], True
+    for m in marks:
+        if any(x[2] is not None for x in m):
+            steps.append(at(m, end, 2) - at(m, start, 2))
+        else:
+            counted = False
+            steps.append(sum(1 for x in m if start < x[0] <= end))
+        tokens.append(at(m, end, 1) - at(m, start, 1))
+    if end <= start or min(steps) < 4:
+        raise RuntimeError(f"no full-batch window of 4+ steps (steps {steps}): raise --output-len")
+    mean_steps = sum(steps) / len(steps)
+    return dict(
+        seconds_per_step=(end - start) / mean_steps,
+        accept_length=sum(tokens) / sum(steps),
+        steps=mean_steps,
+        steps_from="spec_verify_ct" if counted else "chunks",
+    )
+
+
+def spec_step(engine, prompts, new) -> dict:
+    marks = [[] for _ in prompts]
+    engine.loop.run_until_complete(asyncio.gather(*(_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks))))
+    return full_batch_steps(marks)
+
+
+def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int) -> pathlib.Path:
+    """A GPU torch-profiler trace of ``steps`` decode-stage batches, started once every request streams
+    (``bench_scaled.profile_decode``'s pattern, with the batch's own token budget)."""
+    from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
+
+    async def run():
+        marks = [[] for _ in prompts]
+        tasks = [asyncio.ensure_future(_stream_spec(engine, p, new, m)) for p, m in zip(prompts, marks)]
+        while min(len(m) for m in marks) < 2:
+            await asyncio.sleep(0.002)
+        req = ProfileReq(
+            req_type=ProfileReqType.START_PROFILE,
+            output_dir=str(trace_dir),
+            num_steps=steps,
+            activities=["GPU"],
+            profile_by_stage=True,
+            profile_stages=["decode"],
+        )
+        await engine.tokenizer_manager.start_profile(req)
+        await asyncio.gather(*tasks)
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    engine.loop.run_until_complete(run())
+    for _ in range(60):
+        traces = sorted(trace_dir.glob("*.trace.json.gz"))
+        if traces:
+            time.sleep(2)
+            return traces[-1]
+        time.sleep(1)
+    raise RuntimeError(f"no trace written under {trace_dir}")
+
+
+# -- trace reduction -------------------------------------------------------------------------
+
+
+def _component(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in scaled.COMPONENTS if any(k in low for k in keys)), "other")
+
+
+def graph_launches(events: list[dict]) -> tuple[list[dict], dict]:
+    """Per ``cudaGraphLaunch`` (in launch order): the GPU work linked to it by ``args.correlation``:
+    ``start`` / ``end`` (us), ``span`` (end - start), ``busy`` (sum of durations), ``kernels`` (count),
+    ``parts`` (us per ``bench_scaled.COMPONENTS`` component). Launches with no GPU work recorded (the
+    trace stopped before they ran) are left out. Also the GPU work linked to no graph launch:
+    ``{"busy": us, "kernels": n, "events": [(start, end), ...]}``."""
+    runtime = sorted(
+        (e for e in events if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith("cudaGraphLaunch")),
+        key=lambda e: e["ts"],
+    )
+    by_corr = {e.get("args", {}).get("correlation"): i for i, e in enumerate(runtime)}
+    by_corr.pop(None, None)
+    acc = [dict(start=None, end=None, busy=0.0, kernels=0, parts={}) for _ in runtime]
+    eager = dict(busy=0.0, kernels=0, events=[])
+    for e in events:
+        if e.get("cat") not in GPU_CATS or "dur" not in e:
+            continue
+        ts, dur = float(e["ts"]), float(e["dur"])
+        i = by_corr.get(e.get("args", {}).get("correlation"))
+        if i is None:
+            eager["busy"] += dur
+            eager["kernels"] += 1
+            eager["events"].append((ts, ts + dur))
+            continue
+        a = acc[i]
+        a["start"] = ts if a["start"] is None else min(a["start"], ts)
+        a["end"] = ts + dur if a["end"] is None else max(a["end"], ts + dur)
+        a["busy"] += dur
+        a["kernels"] += 1
+        part = _component(str(e.get("name", "")))
+        a["parts"][part] = a["parts"].get(part, 0.0) + dur
+    launches = [dict(a, span=a["end"] - a["start"]) for a in acc if a["kernels"]]
+    return launches, eager
+
+
+def step_phases(launches: list[dict], eager: dict | None = None, names=SPEC_PHASES) -> dict:
+    """ms per step of each phase (mean span and busy over whole steps), from graph launches that repeat
+    as ``names`` (the spec step: chain, verify, catch-up; plain decode: one). Raises ValueError when they
+    don't: fewer launches than one step, a count that is not a whole number of steps after dropping a
+    leading partial step, kernel counts that vary from step to step, or (spec) a verify launch that is not
+    the largest of its step."""
+    n = len(names)
+    counts = [x["kernels"] for x in launches]
+    if len(launches) < n:
+        raise ValueError(f"{len(launches)} graph launches with GPU work in the trace: fewer than one step ({n})")
+
+    def fits(offset):
+        body = counts[offset:]
+        if len(body) < n or any(body[j] != body[j % n] for j in range(len(body))):
+            return False
+        return "verify" not in names or all(
+            body[names.index("verify")] > body[k] for k in range(n) if names[k] != "verify"
+        )
+
+    offset = next((o for o in range(n) if fits(o)), None)
+    if offset is None:
+        raise ValueError(
+            f"graph launches do not repeat as {names} (kernels per launch: {counts}); the benchmark assumes "
+            f"{n} graph launches per step in that order (spec/worker.py, spec/draft_graphs.py)"
+        )
+    trailing = (len(launches) - offset) % n  # a last step cut short (its catch-up still running at the stop)
+    body = launches[offset : len(launches) - trailing]
+    steps = len(body) // n
+    out = {"steps": steps, "dropped_launches": offset + trailing, "kernels": dict(zip(names, counts[offset:][:n]))}
+    for k, name in enumerate(names):
+        ph = body[k::n]
+        out[name] = sum(x["span"] for x in ph) / steps / 1e3
+        out[name + "_busy"] = sum(x["busy"] for x in ph) / steps / 1e3
+        parts = {}
+        for x in ph:
+            for c, us in x["parts"].items():
+                parts[c] = parts.get(c, 0.0) + us
+        out[name + "_parts"] = {c: round(us / steps / 1e3, 4) for c, us in sorted(parts.items(), key=lambda i: -i[1])}
+    firsts = [body[j * n]["start"] for j in range(steps)]
+    if steps > 1:
+        out["gpu_step"] = (firsts[-1] - firsts[0]) / (steps - 1) / 1e3  # profiler-inflated host gaps included
+    if eager is not None:
+        lo, hi = body[0]["start"], body[-1]["end"]
+        inside = [(s, e) for s, e in eager["events"] if lo <= s <= hi]
+        out["eager_gpu"] = sum(e - s for s, e in inside) / steps / 1e3
+        out["eager_kernels"] = len(inside) / steps
+    return out
+
+
+def trace_phases(path: pathlib.Path, names=SPEC_PHASES) -> dict:
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    launches, eager = graph_launches(events)
+    return step_phases(launches, eager, names)
+
+
+# -- the engines ---------------------------------------------------------------------------------
+
+
+def run_one(args) -> None:
+    """One (cut, mode) engine in this process; JSON lines appended to ``--results``."""
+    import sglang as sgl
+    import torch
+    from sglang_m3.config import M3Config
+
+    label, _, mode = args.one.rpartition(":")
+    vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
+    batches = scaled._ints(args.batches)
+    need = max(b * (args.input_len + scaled.new_tokens(args, b, args.input_len) + 8 + 2 * args.num_steps) for b in batches)
+    engine_args = dict(
+        model_path=args.model_dir,
+        load_format=args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        disable_cuda_graph=args.device != "cuda",
+        skip_tokenizer_init=True,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_total_tokens=need + 4096,
+        cuda_graph_bs_decode=sorted(set(batches)),
+        mem_fraction_static=args.mem_fraction_static,
+        log_level="info",
+    )
+    if mode == "spec":
+        K = args.num_steps
+        engine_args.update(
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=K,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=K + 1,
+            speculative_draft_model_path=args.draft_dir,
+            speculative_draft_load_format=args.load_format,
+        )
+    elif mode != "decode":
+        raise SystemExit(f"--modes: unknown mode {mode!r} (decode, spec)")
+
+    def emit(**record):
+        with open(args.results, "a") as f:
+            f.write(json.dumps(dict(cut=label, mode=mode, **record)) + "\n")
+
+    t0 = time.perf_counter()
+    engine = sgl.Engine(**engine_args)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    emit(kind="startup", seconds=time.perf_counter() - t0, device=device)
+    try:
+        warm = scaled._prompts(2, min(4096, args.input_len), 1, vocab)
+        engine.generate(input_ids=warm, sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+        for b in batches:
+            try:
+                new = scaled.new_tokens(args, b, args.input_len)
+                prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
+                if mode == "decode":
+                    emit(kind="time", batch=b, ms=1e3 * scaled.decode_tpot(engine, prompts, new))
+                else:
+                    r = spec_step(engine, prompts, new)
+                    emit(kind="time", batch=b, ms=1e3 * r.pop("seconds_per_step"), **r)
+                engine.flush_cache()
+                if args.device == "cuda" and args.profile_steps:
+                    trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-spec-traces" / f"{label}-{mode}-b{b}"
+                    shutil.rmtree(trace_dir, ignore_errors=True)
+                    prompts = scaled._prompts(b, args.input_len, 7 * args.input_len + b, vocab)
+                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps)
+                    names = SPEC_PHASES if mode == "spec" and args.num_steps > 1 else SPEC_PHASES[1:]
+                    names = ("decode",) if mode == "decode" else names
+                    emit(kind="phases", batch=b, trace=str(path), **trace_phases(path, names))
+                    engine.flush_cache()
+            except Exception as exc:  # noqa: BLE001 -- recorded; the other batches still run
+                traceback.print_exc()
+                emit(kind="error", batch=b, error=f"{type(exc).__name__}: {exc}")
+                engine.flush_cache()
+    finally:
+        engine.shutdown()
+
+
+# -- floors, merging, projections --------------------------------------------------------------
+
+
+def step_floors(cfg, draft, batch: int, context: int, kv_dtype: str, num_steps: int, hbm_tbps: float) -> dict:
+    """HBM floors (ms) of a plain decode step and of a spec step (verify with K + 1 rows per request +
+    the draft's passes), at TP1 bf16."""
+    import torch
+    from sglang_m3.mem.layout import bytes_per_token, layout_for
+    from sglang_m3.sizing import decode_step_bytes, draft_step_bytes, rank_weights
+
+    layout = layout_for(kv_dtype, torch.bfloat16)
+    kv = bytes_per_token(cfg, layout, (draft.num_kv_heads,))
+    w = rank_weights(cfg)
+    decode = sum(decode_step_bytes(cfg, batch, context, kv, w).values())
+    verify = sum(decode_step_bytes(cfg, batch, context, kv, w, rows=num_steps + 1).values())
+    drafting = sum(draft_step_bytes(draft, batch, context, num_steps, kv["draft"]).values())
+    ms = lambda b: b / (hbm_tbps * 1e12) * 1e3  # noqa: E731
+    return {
+        "floor_decode": ms(decode),
+        "floor_verify": ms(verify),
+        "floor_draft": ms(drafting),
+        "floor_step": ms(verify + drafting),
+    }
+
+
+def layer_costs(points: list[tuple[int, int, float]], dense_per_sparse: float) -> dict:
+    """``t = fixed + dense x per_dense + sparse x per_sparse`` over ``(dense, sparse, t)`` points: least
+    squares for both slopes where the points vary both counts (3+ points), else the sparse slope alone and
+    ``per_dense = dense_per_sparse x per_sparse``."""
+    import numpy as np
+
+    d = np.array([p[0] for p in points], float)
+    s = np.array([p[1] for p in points], float)
+    t = np.array([p[2] for p in points], float)
+    if len(set(s)) < 2:
+        raise ValueError(f"per-layer costs need cuts with different sparse counts (got {points})")
+    if len(set(d)) > 1 and len(points) >= 3:
+        fixed, pd, ps = np.linalg.lstsq(np.stack([np.ones_like(d), d, s], 1), t, rcond=None)[0]
+        how = "least squares over dense and sparse counts"
+    else:
+        a = np.stack([np.ones_like(s), s + dense_per_sparse * d], 1)
+        fixed, ps = np.linalg.lstsq(a, t, rcond=None)[0]
+        pd = dense_per_sparse * ps
+        how = "sparse slope over the cuts; dense = sparse x HBM-byte ratio"
+    return {"fixed": float(fixed), "per_dense": float(pd), "per_sparse": float(ps), "how": how}
+
+
+def project(costs: dict, dense: int, sparse: int) -> float:
+    return costs["fixed"] + dense * costs["per_dense"] + sparse * costs["per_sparse"]
+
+
+def speedups(t_decode: float, t_step: float, accept_lengths) -> dict:
+    return {f"{al:g}": al * t_decode / t_step for al in accept_lengths}
+
+
+def merge(records: list[dict], cuts: list[tuple[int, int]], labels: list[str]) -> list[dict]:
+    """One row per (cut, batch): t_decode, t_step, t_verify, t_draft, overhead (ms) and what they came from."""
+    rows = []
+    for (dense, sparse), label in zip(cuts, labels):
+        batches = sorted({r["batch"] for r in records if r["cut"] == label and "batch" in r})
+        for b in batches:
+            got = {(r["mode"], r["kind"]): r for r in records if r["cut"] == label and r.get("batch") == b}
+            dec, spec = got.get(("decode", "time")), got.get(("spec", "time"))
+            ph, dph = got.get(("spec", "phases")), got.get(("decode", "phases"))
+            row = dict(cut=label, dense=dense, sparse=sparse, batch=b)
+            row["t_decode"] = dec["ms"] if dec else None
+            row["t_step"] = spec["ms"] if spec else None
+            row["accept_length_measured"] = spec.get("accept_length") if spec else None
+            if ph:
+                row["t_verify"] = ph["verify"]
+                row["t_draft"] = ph.get("draft_chain", 0.0) + ph["draft_catch_up"]
+                row["t_draft_chain"], row["t_draft_catch_up"] = ph.get("draft_chain"), ph["draft_catch_up"]
+                row["t_eager_gpu"] = ph.get("eager_gpu")
+                if row["t_step"] is not None:
+                    row["overhead"] = row["t_step"] - row["t_verify"] - row["t_draft"]
+            else:
+                row["t_verify"] = row["t_draft"] = row["overhead"] = None
+            if dph:
+                row["t_decode_graph"] = dph["decode"]
+            errors = [r["error"] for (m, k), r in got.items() if k == "error"]
+            if errors:
+                row["errors"] = errors
+            rows.append(row)
+    return rows
+
+
+def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) -> dict:
+    """Per batch: per-layer costs of t_decode / t_step (/ t_verify), the released-layer projection, the
+    byte-scaled check of every other cut from the first, and projected speed-ups beside the floors'."""
+    from sglang_m3.config import M3Config
+
+    out = {}
+    D, S = len(released.dense_layer_ids), len(released.sparse_layer_ids)
+    draft = next(iter(drafts.values()))
+    for b in sorted({r["batch"] for r in rows}):
+        mine = [r for r in rows if r["batch"] == b]
+        floors = {}
+        for r in mine:
+            cfg = M3Config.from_hf(scaled.cut_config(r["dense"], r["sparse"]))
+            floors[r["cut"]] = f = step_floors(cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps)
+            r.update({k: round(v, 4) for k, v in f.items()})
+        ref_cfg = M3Config.from_hf(scaled.cut_config(mine[0]["dense"], mine[0]["sparse"]))
+        more_dense = M3Config.from_hf(scaled.cut_config(mine[0]["dense"] + 1, mine[0]["sparse"]))
+        more_sparse = M3Config.from_hf(scaled.cut_config(mine[0]["dense"], mine[0]["sparse"] + 1))
+        full = step_floors(released, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps)
+        entry = {"released_layers": {"dense": D, "sparse": S}, "floors_released": full}
+        for key, fkey in (("t_decode", "floor_decode"), ("t_step", "floor_step"), ("t_verify", "floor_verify")):
+            pts = [(r["dense"], r["sparse"], r[key]) for r in mine if r.get(key) is not None]
+            if len({p[1] for p in pts}) < 2:
+                continue
+            f0 = step_floors(ref_cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
+            fd = step_floors(more_dense, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
+            fs = step_floors(more_sparse, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
+            costs = layer_costs(pts, (fd - f0) / (fs - f0))
+            e = dict(costs, projected_released=project(costs, D, S))
+            # The check: the first cut alone, per-layer costs = its time x each layer's share of its floor bytes.
+            d0, s0, t0 = pts[0]
+            scale = t0 / f0
+            checks = []
+            for d1, s1, t1 in pts[1:]:
+                pred = t0 + ((d1 - d0) * (fd - f0) + (s1 - s0) * (fs - f0)) * scale
+                checks.append(dict(cut=f"{d1}+{s1}", measured=t1, predicted=pred, error=pred / t1 - 1))
+            e["bytes_scaled_check"] = checks
+            e["released_from_bytes_scaled"] = t0 + ((D - d0) * (fd - f0) + (S - s0) * (fs - f0)) * scale
+            if len(pts) >= 3:  # the first two cuts' fit predicting the rest
+                two = layer_costs(pts[:2], (fd - f0) / (fs - f0))
+                e["holdout_check"] = [
+                    dict(cut=f"{d}+{s}", measured=t, predicted=project(two, d, s), error=project(two, d, s) / t - 1)
+                    for d, s, t in pts[2:]
+                ]
+            entry[key] = e
+        if "t_decode" in entry and "t_step" in entry:
+            td, ts = entry["t_decode"]["projected_released"], entry["t_step"]["projected_released"]
+            entry["speedup_projected_released"] = speedups(td, ts, accept_lengths)
+            entry["speedup_floor_released"] = speedups(full["floor_decode"], full["floor_step"], accept_lengths)
+        for r in mine:
+            if r.get("t_decode") and r.get("t_step"):
+                r["speedup_projected"] = speedups(r["t_decode"], r["t_step"], accept_lengths)
+                r["speedup_floor"] = speedups(r["floor_decode"], r["floor_step"], accept_lengths)
+        out[str(b)] = entry
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.one:
+        run_one(args)
+        return {}
+    from sglang_m3.config import DraftConfig, M3Config
+    from sglang_m3.sizing import draft_weight_bytes
+
+    argv = sys.argv[1:] if argv is None else argv
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.model_path:
+        cfg = M3Config.from_hf(json.loads((pathlib.Path(args.model_path) / "config.json").read_text()))
+        cuts, labels = [(len(cfg.dense_layer_ids), len(cfg.sparse_layer_ids))], ["model"]
+    else:
+        cuts = parse_cuts(args.cuts)
+        labels = [f"{d}+{s}" for d, s in cuts]
+    accept_lengths = [float(x) for x in args.accept_lengths.split(",") if x]
+    records, drafts, draft_info, failed = [], {}, {}, []
+    for (dense, sparse), label in zip(cuts, labels):
+        if args.model_path:
+            model_dir = pathlib.Path(args.model_path)
+        else:
+            model_dir = scaled.make_model_dir(argparse.Namespace(dense_layers=dense, sparse_layers=sparse))
+        draft_dir = pathlib.Path(args.draft_path) if args.draft_path else make_draft_dir(model_dir, args)
+        target = M3Config.from_hf(json.loads((model_dir / "config.json").read_text()))
+        drafts[label] = draft = DraftConfig.from_path(str(draft_dir), target)
+        w = draft_weight_bytes(draft, own_embed=True)
+        draft_info[label] = dict(
+            path=str(draft_dir) if args.draft_path else "generated (temp dir)",
+            config=json.loads((draft_dir / "config.json").read_text()),
+            params_with_own_embed=sum(w.values()) // 2,
+            params_served=(sum(w.values()) - w["embed"]) // 2,
+        )
+        for mode in args.modes.split(","):
+            one = f"{label}:{mode}"
+            results = out.with_name(f"{out.stem}.{label}-{mode}.partial.jsonl")
+            results.write_text("")
+            cmd = [sys.executable, __file__, *argv, "--one", one, "--model-dir", str(model_dir)]
+            cmd += ["--draft-dir", str(draft_dir), "--results", str(results)]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+            for line in results.read_text().splitlines():
+                records.append(json.loads(line))
+                print(line, flush=True)
+                if records[-1]["kind"] == "error":
+                    failed.append(f"{one} batch {records[-1]['batch']}: {records[-1]['error']}")
+            results.unlink()
+            if proc.returncode:
+                print(proc.stdout[-6000:], file=sys.stderr)
+                failed.append(f"{one}: exit {proc.returncode}")
+            _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_lengths, failed)
+        if not args.model_path:
+            shutil.rmtree(model_dir, ignore_errors=True)
+        if not args.draft_path:
+            shutil.rmtree(draft_dir, ignore_errors=True)
+    summary = json.loads(out.read_text())
+    print(f"wrote {out}")
+    for f in failed:
+        print(f"FAILED: {f}", file=sys.stderr)
+    if failed and __name__ == "__main__":
+        sys.exit(1)
+    return summary
+
+
+def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_lengths, failed) -> None:
+    from sglang_m3.config import M3Config
+
+    rows = merge(records, cuts, labels)
+    summary = dict(
+        benchmark="spec_phases",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command="python3 scripts/bench_spec.py " + " ".join(argv),
+        model=args.model_path or "released M3 config cut to DENSE+SPARSE layers, dummy weights",
+        spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
+        input_len=args.input_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+        hbm_tbps=args.hbm_tbps,
+        draft=draft_info,
+        notes=[
+            "times in ms; t_step measured at the dummy draft's acceptance (~1): graph shapes do not depend on it",
+            "speedup_* are projected (AL x t_decode / t_step at the given acceptance lengths), not measured",
+        ]
+        + ([] if args.device == "cuda" else [NEED_CUDA]),
+        errors=failed,
+        records=rows,
+        raw=records,
+    )
+    if not args.model_path and rows:
+        released = M3Config.from_hf(json.loads(scaled.RELEASED.read_text()))
+        try:
+            summary["projections"] = projections(rows, args, released, drafts, accept_lengths)
+        except Exception as exc:  # noqa: BLE001 -- the measurements are still written
+            summary["projections"] = {"error": f"{type(exc).__name__}: {exc}"}
+    out.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
