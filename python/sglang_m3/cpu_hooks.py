@@ -19,7 +19,12 @@ these (AROUND) only when ``torch.cuda.is_available()`` is False:
   ``--tp-size 2 --device cpu`` works;
 * xgrammar's token bitmask: SGLang allocates it in pinned memory (which needs a CUDA driver: the
   scheduler dies on the first regex / JSON-schema request) and applies it with GPU kernels only;
-  without CUDA it is allocated unpinned and applied with xgrammar's own CPU kernel.
+  without CUDA it is allocated unpinned and applied with xgrammar's own CPU kernel;
+* ``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``: skipped for M3, whose EAGLE3
+  worker runs under SGLang's overlap scheduler on CPU too (``spec/worker.py``); other models keep
+  SGLang's rule (speculation on CPU without overlap);
+* ``managers.overlap_utils.gather_spec_extras`` (the overlap scheduler's relay of the next step's
+  draft input): plain index gathers for CPU tensors instead of SGLang's Triton kernel.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def hooks(hook_type) -> list:
         (compat.INIT_MODEL_PARALLEL_GROUP, gloo_only_group, hook_type.AROUND),
         (compat.XGRAMMAR_ALLOCATE_BITMASK, unpinned_token_bitmask, hook_type.AROUND),
         (compat.XGRAMMAR_APPLY_MASK, apply_token_bitmask, hook_type.AROUND),
+        (compat.SPEC_CPU_NO_OVERLAP, keep_overlap_for_m3, hook_type.AROUND),
+        (compat.GATHER_SPEC_EXTRAS, gather_spec_extras, hook_type.AROUND),
     ]
 
 
@@ -101,3 +108,18 @@ def apply_token_bitmask(original, self, logits, vocab_mask):
     import xgrammar
 
     xgrammar.apply_token_bitmask_inplace(logits, vocab_mask.to(logits.device))
+
+
+def keep_overlap_for_m3(original, server_args):
+    from .config import is_m3_config
+
+    if is_m3_config(server_args.get_model_config().hf_config):
+        return None
+    return original(server_args)
+
+
+def gather_spec_extras(original, indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
+    if indices.device.type != "cpu":
+        return original(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    hidden = hidden_states_buf[indices] if hidden_states_buf is not None else None
+    return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden

@@ -60,6 +60,11 @@ architecture name inside these functions):
   buffers, eager), counted per pass (``M3Eagle3Worker.sglang_m3_stats``), so
   ``Engine.get_server_info()`` / ``/server_info`` show whether the draft graphs
   replay. SGLang's state dump has no per-worker extension point.
+* ``Scheduler.is_disable_overlap_for_batch`` (AROUND): under overlap scheduling, a decode batch
+  our EAGLE3 worker cannot run exactly one step ahead of the host (a request with penalties or
+  ``min_new_tokens``, whose tables are built from the committed output on the host) runs
+  synchronously instead (``M3Eagle3Worker.needs_synchronous_step``). SGLang's rule for that is
+  about grammars only, and has no per-worker hook.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -144,6 +149,7 @@ def _hooks() -> list:
         (compat.APPLY_CUDA_GRAPH_COMPATIBILITY, _decode_graphs_only, HookType.AROUND),
         (compat.VALIDATE_ONE_REQUEST, _admit_speculative, HookType.BEFORE),
         (compat.SCHEDULER_GET_INTERNAL_STATE, _eagle3_state, HookType.AFTER),
+        (compat.SCHEDULER_DISABLE_OVERLAP_FOR_BATCH, _sync_step_if_needed, HookType.AROUND),
         (compat.MODEL_CONFIG_INIT, _text_only, HookType.AFTER),
     ]
     if not torch.cuda.is_available():
@@ -260,6 +266,15 @@ def _eagle3_state(result, self, *args, **kwargs) -> None:
     stats = getattr(getattr(self, "draft_worker", None), "sglang_m3_stats", None)
     if callable(stats):
         result.internal_state["sglang_m3_eagle3"] = stats()
+
+
+def _sync_step_if_needed(original, self, batch, *args, **kwargs):
+    if original(self, batch, *args, **kwargs):
+        return True
+    needs_sync = getattr(getattr(self, "draft_worker", None), "needs_synchronous_step", None)
+    # Only with a result still pending (what the scheduler then processes first), as SGLang's grammar rule.
+    pending = len(getattr(self, "result_queue", ()))
+    return bool(batch) and pending > 0 and callable(needs_sync) and needs_sync(batch)
 
 
 def _kv4_check(original, self):

@@ -55,6 +55,7 @@ APPLY_CUDA_GRAPH_COMPATIBILITY = "sglang.srt.server_args.ServerArgs._apply_cuda_
 MODEL_CONFIG_INIT = "sglang.srt.configs.model_config.ModelConfig.__init__"
 VALIDATE_ONE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 SCHEDULER_GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+SCHEDULER_DISABLE_OVERLAP_FOR_BATCH = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
 # CPU only (registered when torch.cuda.is_available() is False; cpu_hooks.py)
 PAGED_ALLOC_EXTEND = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend"
 PAGED_ALLOC_DECODE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode"
@@ -64,6 +65,8 @@ SUPPORT_TRITON = "sglang.srt.utils.common.support_triton"
 INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 XGRAMMAR_ALLOCATE_BITMASK = "sglang.srt.constrained.xgrammar_backend._allocate_token_bitmask"
 XGRAMMAR_APPLY_MASK = "sglang.srt.constrained.xgrammar_backend.XGrammarGrammar.apply_vocab_mask"
+SPEC_CPU_NO_OVERLAP = "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu"
+GATHER_SPEC_EXTRAS = "sglang.srt.managers.overlap_utils.gather_spec_extras"
 
 
 # --- Registries and private names changed or used directly (HookRegistry cannot patch dict/list entries).

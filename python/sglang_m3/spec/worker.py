@@ -20,8 +20,23 @@ One step (``K`` = ``--speculative-num-steps``, position ``s`` = ``seq_len``):
 
 Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots as
 the target's, so rejected positions are simply overwritten by the next step and
-finishing a request frees everything. The worker runs without overlap scheduling (the
-server overrides turn it off at start-up). On CUDA with graphs on, the target's verify
+finishing a request frees everything.
+
+Overlap scheduling is still forced off at start-up (``server_args.py``): the overlap
+handling below is written but not yet verified end to end. Under overlap the worker follows SGLang's spec-v2 contract as its own EAGLE worker v2 does: the
+scheduler prepares step N + 1 on the host while the device runs step N; the step's
+``seq_lens`` and draft input (``d_1``, hidden state, bonus token) arrive as device tensors
+gathered from the ``FutureMap`` (resolved from what step N published), so every length
+this worker and the MSA plans read (``s``, the ladder, the ``req_to_token`` slots, the
+plans' page tables in ``attention/metadata.py``) is the corrected one, never a host copy
+made before acceptance. ``on_publish(new_seq_lens)`` fires after acceptance, before the
+catch-up, so the next step's preparation overlaps the catch-up. Everything of one step
+runs on the scheduler's forward stream, so a graph replay's in-place writes land before
+any later read of its outputs. Host state that lags by one step under overlap: the
+grammar FSM, advanced through the scheduler's ``grammar_barrier`` (step N's committed
+tokens) before the chain's masks are built; the committed output ids the penalty tables
+count, for which such a batch runs synchronously (``needs_synchronous_step``, applied by
+``plugin.py``'s scheduler hook). On CUDA with graphs on, the target's verify
 replays SGLang's captured graphs and the draft's chain (1) and catch-up (4) replay our
 own, one pair per captured batch size (``draft_graphs.py``); batches above the largest
 size, CPU and ``--disable-cuda-graph`` run them eagerly through ``runner.forward``.
@@ -126,7 +141,15 @@ class M3Eagle3Worker(BaseSpecWorker):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self._prefill(batch, on_publish)
-        return self._decode(batch, on_publish)
+        return self._decode(batch, on_publish, grammar_barrier)
+
+    @staticmethod
+    def needs_synchronous_step(batch) -> bool:
+        """Whether this decode batch must see the previous step's committed output on the host,
+        so the overlap scheduler processes that step first (``plugin.py``): penalties and
+        ``min_new_tokens`` count ``req.output_ids``, which under overlap lack the step in flight.
+        Grammars need no such step: their FSM is advanced by ``grammar_barrier``."""
+        return batch.forward_mode.is_decode() and any(_has_penalty(r.sampling_params) for r in batch.reqs)
 
     # -- prefill: target extend, then the draft over the prompt -----------------------------
     def _prefill(self, batch, on_publish) -> GenerationBatchResult:
@@ -156,7 +179,7 @@ class M3Eagle3Worker(BaseSpecWorker):
         return out
 
     # -- decode: draft chain, verify, accept, draft catch-up --------------------------------
-    def _decode(self, batch, on_publish) -> GenerationBatchResult:
+    def _decode(self, batch, on_publish, grammar_barrier=None) -> GenerationBatchResult:
         K, R = self.num_steps, self.num_steps + 1
         info: EagleDraftInput = batch.spec_info
         s = batch.seq_lens  # [bs] committed length before this step
@@ -182,7 +205,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             spec_info=ChainInput(positions=ladder.reshape(-1), num_tokens_per_req=R, verify=True),
             capture=CaptureHiddenMode.FULL,
         )
-        tokens, accept_len, bad = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1))
+        tokens, accept_len, bad = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1), grammar_barrier)
         bad_host, accepted = self._to_host_later(bad)
         if batch.return_logprob:
             compute_spec_v2_logprobs(
@@ -250,14 +273,14 @@ class M3Eagle3Worker(BaseSpecWorker):
         last = torch.arange(bs, device=s.device) * R + accept_len - 1  # row of the last committed token
         return self._to_target(dlo.next_token_logits[last].argmax(dim=-1, keepdim=True)), dlo.hidden_states[last]
 
-    def _accept(self, batch, verify_ids, logits):
+    def _accept(self, batch, verify_ids, logits, grammar_barrier=None):
         """Tokens ``[bs, K + 1]``, accept lengths ``[bs]`` (``verify.py``) from the rows shaped as
         SGLang's sampler shapes one token (``rows.py``), and ``[bs]`` flags of requests whose logits
         are not finite: those commit one placeholder token (id 0) and end with an error at the end
         of the step. All on the device: acceptance does not wait for the host (verify on such rows
         gives valid ids, which are replaced)."""
         draft = verify_ids[:, 1:]
-        shaped = self._shape_rows(batch, verify_ids, logits)
+        shaped = self._shape_rows(batch, verify_ids, logits, grammar_barrier)
         bad = non_finite_requests(logits, shaped)
         tokens, accept_len = self._verify(batch, draft, shaped)
         tokens = tokens.masked_fill(bad.unsqueeze(1), 0)
@@ -300,14 +323,18 @@ class M3Eagle3Worker(BaseSpecWorker):
             torch.where(is_greedy, greedy_len, accept_len),
         )
 
-    def _shape_rows(self, batch, verify_ids, logits):
-        """Penalties, grammar masks and logit bias on the verify rows ``[bs, R, V]``, in SGLang's order."""
+    def _shape_rows(self, batch, verify_ids, logits, grammar_barrier=None):
+        """Penalties, grammar masks and logit bias on the verify rows ``[bs, R, V]``, in SGLang's order.
+        ``grammar_barrier`` (overlap scheduling) first advances each grammar over the tokens the
+        previous step committed, which the host has not processed yet."""
         bs, R, V = logits.shape
         reqs, info = batch.reqs, batch.sampling_info
         out = logits
         if any(_has_penalty(r.sampling_params) for r in reqs):
             out = penalise_rows(out, verify_ids[:, 1:], _penalties(reqs, V, logits.device))
         if batch.has_grammar:
+            if grammar_barrier is not None:
+                grammar_barrier()
             out = out.float().clone() if out is logits else out
             chain_next = torch.tensor([*range(1, R), -1]).repeat(bs, 1)  # row t's child is row t + 1
             # SGLang's tree walk over the chain: advances each grammar along the drafts it allows, fills
