@@ -1,0 +1,53 @@
+"""scripts/bench_spec.py's pure parts: the real-width draft config, trace grouping, projection arithmetic."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import pathlib
+
+import pytest
+from sglang_m3.config import DraftConfig, M3Config
+from sglang_m3.sizing import draft_weight_bytes
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return runpy.run_path(str(REPO / "scripts" / "bench_spec.py"), run_name="bench_spec")
+
+
+@pytest.mark.parametrize("sparse,kv,params", [(3, 4, 2.96e9), (7, 64, 3.15e9)])
+def test_draft_fits_the_cut(bench, sparse, kv, params):
+    target = bench["scaled"].cut_config(1, sparse)
+    d = DraftConfig.from_dict(bench["real_width_draft_config"](target, kv_heads=kv))
+    d.check_fits(M3Config.from_hf(target))
+    assert (d.hidden_size, d.num_heads, d.num_kv_heads, d.draft_vocab_size) == (6144, 64, kv, 200064)
+    assert sum(draft_weight_bytes(d, own_embed=True).values()) / 2 == pytest.approx(params, rel=0.01)
+
+
+def _events(counts, steps):
+    ev, ts, corr = [], 0, 0
+    for _ in range(steps):
+        for c in counts:
+            corr += 1
+            ev.append({"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "args": {"correlation": corr}})
+            for _ in range(c):
+                ev.append({"cat": "kernel", "name": "gemm", "ts": ts, "dur": 10, "args": {"correlation": corr}})
+                ts += 10
+    return ev
+
+
+def test_trace_grouping(bench):
+    launches, eager = bench["graph_launches"](_events((2, 5, 1), 3))
+    out = bench["step_phases"](launches, eager)
+    assert out["steps"] == 3 and out["verify"] == pytest.approx(0.05) and out["draft_chain"] == pytest.approx(0.02)
+    with pytest.raises(ValueError):
+        bench["step_phases"](bench["graph_launches"](_events((2, 5), 3))[0])
+
+
+def test_projection(bench):
+    costs = bench["layer_costs"]([(1, 3, 10.0), (1, 7, 18.0)], 0.5)
+    assert costs["per_sparse"] == pytest.approx(2.0) and costs["per_dense"] == pytest.approx(1.0)
+    assert bench["project"](costs, 3, 57) == pytest.approx(10.0 - 1 - 6 + 3 + 114)
