@@ -143,21 +143,18 @@ def prefill_latency(engine, length: int, seed: int, vocab: int) -> float:
     return time.perf_counter() - start
 
 
-def profile_decode(
-    engine, batch: int, length: int, vocab: int, trace_dir: pathlib.Path, activity: str, steps: int = 8
-) -> dict:
-    """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component.
+def trace_streams(engine, streams, marks, trace_dir: pathlib.Path, activity: str, steps: int, ready: int = 4):
+    """Run ``streams`` (coroutines appending to ``marks``, one list each) and trace ``steps`` decode steps
+    of theirs; returns the trace's path.
 
-    The profiler is started once every request is decoding: started with the batch, it would also
-    record the prefill kernels still running on the GPU while the scheduler launches the first
+    The profiler is started once every stream has ``ready`` chunks: started with the batch, it would
+    also record the prefill kernels still running on the GPU while the scheduler launches the first
     decode step (overlap scheduling)."""
     from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
 
     async def run():
-        marks = [[] for _ in range(batch)]
-        prompts = _prompts(batch, length, 99 + batch, vocab)
-        tasks = [asyncio.ensure_future(_stream(engine, p, 4 * steps + 16, m)) for p, m in zip(prompts, marks)]
-        while min(len(m) for m in marks) < 4:
+        tasks = [asyncio.ensure_future(s) for s in streams]
+        while min(len(m) for m in marks) < ready:
             await asyncio.sleep(0.002)
         req = ProfileReq(
             req_type=ProfileReqType.START_PROFILE,
@@ -175,12 +172,20 @@ def profile_decode(
     for _ in range(60):  # the scheduler writes the trace after the last traced step
         traces = sorted(trace_dir.glob("*.trace.json.gz"))
         if traces:
-            break
+            time.sleep(2)
+            return traces[-1]
         time.sleep(1)
-    else:
-        raise RuntimeError(f"no trace written under {trace_dir}")
-    time.sleep(2)
-    return summarise_trace(traces[-1], steps)
+    raise RuntimeError(f"no trace written under {trace_dir}")
+
+
+def profile_decode(
+    engine, batch: int, length: int, vocab: int, trace_dir: pathlib.Path, activity: str, steps: int = 8
+) -> dict:
+    """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component."""
+    marks = [[] for _ in range(batch)]
+    prompts = _prompts(batch, length, 99 + batch, vocab)
+    streams = [_stream(engine, p, 4 * steps + 16, m) for p, m in zip(prompts, marks)]
+    return summarise_trace(trace_streams(engine, streams, marks, trace_dir, activity, steps), steps)
 
 
 def summarise_trace(path: pathlib.Path, steps: int) -> dict:

@@ -197,35 +197,10 @@ def spec_step(engine, prompts, new) -> dict:
 
 
 def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int) -> pathlib.Path:
-    """A GPU torch-profiler trace of ``steps`` decode-stage batches, started once every request streams
-    (``bench_scaled.profile_decode``'s pattern, with the batch's own token budget)."""
-    from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
-
-    async def run():
-        marks = [[] for _ in prompts]
-        tasks = [asyncio.ensure_future(_stream_spec(engine, p, new, m)) for p, m in zip(prompts, marks)]
-        while min(len(m) for m in marks) < 2:
-            await asyncio.sleep(0.002)
-        req = ProfileReq(
-            req_type=ProfileReqType.START_PROFILE,
-            output_dir=str(trace_dir),
-            num_steps=steps,
-            activities=["GPU"],
-            profile_by_stage=True,
-            profile_stages=["decode"],
-        )
-        await engine.tokenizer_manager.start_profile(req)
-        await asyncio.gather(*tasks)
-
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    engine.loop.run_until_complete(run())
-    for _ in range(60):
-        traces = sorted(trace_dir.glob("*.trace.json.gz"))
-        if traces:
-            time.sleep(2)
-            return traces[-1]
-        time.sleep(1)
-    raise RuntimeError(f"no trace written under {trace_dir}")
+    """A GPU torch-profiler trace of ``steps`` decode-stage batches (``bench_scaled.trace_streams``)."""
+    marks = [[] for _ in prompts]
+    streams = [_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks)]
+    return scaled.trace_streams(engine, streams, marks, trace_dir, "GPU", steps, ready=2)
 
 
 # -- trace reduction -------------------------------------------------------------------------
@@ -338,7 +313,9 @@ def run_one(args) -> None:
     label, _, mode = args.one.rpartition(":")
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches = scaled._ints(args.batches)
-    need = max(b * (args.input_len + scaled.new_tokens(args, b, args.input_len) + 8 + 2 * args.num_steps) for b in batches)
+    need = max(
+        b * (args.input_len + scaled.new_tokens(args, b, args.input_len) + 8 + 2 * args.num_steps) for b in batches
+    )
     engine_args = dict(
         model_path=args.model_dir,
         load_format=args.load_format,
@@ -502,7 +479,9 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
         floors = {}
         for r in mine:
             cfg = M3Config.from_hf(scaled.cut_config(r["dense"], r["sparse"]))
-            floors[r["cut"]] = f = step_floors(cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps)
+            floors[r["cut"]] = f = step_floors(
+                cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps
+            )
             r.update({k: round(v, 4) for k, v in f.items()})
         ref_cfg = M3Config.from_hf(scaled.cut_config(mine[0]["dense"], mine[0]["sparse"]))
         more_dense = M3Config.from_hf(scaled.cut_config(mine[0]["dense"] + 1, mine[0]["sparse"]))
@@ -586,7 +565,9 @@ def main(argv=None) -> dict:
             results.write_text("")
             cmd = [sys.executable, __file__, *argv, "--one", one, "--model-dir", str(model_dir)]
             cmd += ["--draft-dir", str(draft_dir), "--results", str(results)]
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+            proc = subprocess.run(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+            )
             for line in results.read_text().splitlines():
                 records.append(json.loads(line))
                 print(line, flush=True)

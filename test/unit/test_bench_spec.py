@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import runpy
 import pathlib
+import runpy
 
 import pytest
 from sglang_m3.config import DraftConfig, M3Config
