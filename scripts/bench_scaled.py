@@ -8,7 +8,9 @@ dummy``, TP1, CUDA graphs. Each implementation is its own process (``--impls``):
 * ``ours``: sglang-m3 (the installed plugin);
 * ``stock``: SGLang 0.5.17's own M3 path, as DESIGN section 9 says it runs on the H200 with the
   offline kit: ``attention_backend="triton"``, ``enable_multimodal=False``, and the plugin kept
-  out with ``SGLANG_PLUGINS=<a name that matches nothing>``;
+  out with ``SGLANG_PLUGINS=<a name that matches nothing>``; its prefill graphs are captured only
+  at the chunk sizes the measured prompts run (``--prefill-lens`` in ``PREFILL_CHUNK``-token chunks:
+  8192 for an 8K or a 32K prompt), not at SGLang's ~60 default sizes, which took 407 s of start-up;
 * ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``;
 * a ``+fused-shared`` suffix (``ours+fused-shared``): with ``--enforce-shared-experts-fusion``
   (the shared expert as FusedMoE's expert E instead of its own MLP).
@@ -40,6 +42,7 @@ import tempfile
 import time
 
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
+PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
 # Kernel-name patterns -> component of a decode step (first match wins).
 COMPONENTS = (
@@ -217,6 +220,12 @@ def new_tokens(args, batch: int, context: int) -> int:
     return args.output_len + 2 * batch * -(-context // 8192)
 
 
+def prefill_chunks(args) -> list[int]:
+    """Token counts of the chunks the measured prefills run in (``chunked_prefill_size`` = ``PREFILL_CHUNK``)."""
+    lens = _ints(args.prefill_lens)
+    return sorted({min(n, PREFILL_CHUNK) for n in lens} | {n % PREFILL_CHUNK for n in lens} - {0}) or [PREFILL_CHUNK]
+
+
 def run_one(args) -> None:
     """One implementation in this process; one JSON object per line appended to ``--results`` (not stdout,
     where the engine's processes log too and can split a line)."""
@@ -243,6 +252,7 @@ def run_one(args) -> None:
         kv_cache_dtype=args.kv_cache_dtype,
         max_total_tokens=need + 4096,
         cuda_graph_bs_decode=sorted(set(batches + long_batches)),  # only the measured sizes: shorter start-up
+        chunked_prefill_size=PREFILL_CHUNK,
         mem_fraction_static=0.85,
         log_level="info",
     )
@@ -254,6 +264,7 @@ def run_one(args) -> None:
         engine_args["enforce_shared_experts_fusion"] = True
     if impl == "stock":
         engine_args.update(attention_backend="triton", enable_multimodal=False)
+        engine_args["cuda_graph_bs_prefill"] = prefill_chunks(args)
     t0 = time.perf_counter()
     engine = sgl.Engine(**engine_args)
 

@@ -162,23 +162,26 @@ async def _stream_spec(engine, ids, new, marks):
 
 def full_batch_steps(marks: list[list[tuple]]) -> dict:
     """Seconds per step while every request decodes, from ``(time, completion tokens, verify count or None)``
-    marks per request: the window runs from the last request's first mark to the first request's last mark;
-    a request's steps in it are its verify-count increase (absent before its first verify: 0), or its marks
-    in the window where no mark of it carries a count (one streamed chunk per step)."""
+    marks per request. The window runs from the last request's first mark to the first request's last mark.
+    SGLang reports ``spec_verify_ct`` only with a request's final chunk, and streamed chunks may coalesce, so a
+    request's steps in the window are its tokens there divided by its own acceptance length (final
+    completion tokens / final verify count); without a count, its chunks in the window (one per step)."""
     start = max(m[0][0] for m in marks)
     end = min(m[-1][0] for m in marks)
 
-    def at(m, t, i):
-        return max((x[i] or 0) for x in m if x[0] <= t)
+    def at(m, t):
+        return max(x[1] for x in m if x[0] <= t)
 
     steps, tokens, counted = [], [], True
     for m in marks:
-        if any(x[2] is not None for x in m):
-            steps.append(at(m, end, 2) - at(m, start, 2))
+        got = at(m, end) - at(m, start)
+        verify_ct = m[-1][2]
+        if verify_ct:
+            steps.append(got * verify_ct / m[-1][1])
         else:
             counted = False
             steps.append(sum(1 for x in m if start < x[0] <= end))
-        tokens.append(at(m, end, 1) - at(m, start, 1))
+        tokens.append(got)
     if end <= start or min(steps) < 4:
         raise RuntimeError(f"no full-batch window of 4+ steps (steps {steps}): raise --output-len")
     mean_steps = sum(steps) / len(steps)

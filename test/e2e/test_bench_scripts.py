@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import pytest
 from sglang_m3.bench import acceptance, gsm8k, mmlu, serving
 
@@ -93,21 +98,33 @@ def test_acceptance_against_our_eagle3_server(spec_server_url, tmp_path):
     assert out.exists() and (tmp_path / "acceptance.png").exists()
 
 
+def _run_script(name: str, argv: list[str], out: pathlib.Path) -> dict:
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / name
+    subprocess.run([sys.executable, str(script), *argv, "--out", str(out)], check=True, timeout=600, cwd=out.parent)
+    return json.loads(out.read_text())
+
+
 def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     """scripts/bench_scaled.py end to end on CPU (the H200 runs it on the cut release): the streamed
     full-batch TPOT, its floor, and a decode-step trace started while the batch decodes."""
-    import json
-    import pathlib
-    import subprocess
-    import sys
-
-    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_scaled.py"
-    out = tmp_path / "scaled.json"
     argv = ["--model-path", str(tiny_vl), "--impls", "ours", "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "2", "--long-batches", "", "--input-len", "96", "--prefill-lens", "96"]
-    argv += ["--output-len", "12", "--profile-batches", "2", "--out", str(out)]
-    subprocess.run([sys.executable, str(script), *argv], check=True, timeout=600, cwd=tmp_path)
-    records = {r["kind"]: r for r in json.loads(out.read_text())["records"]}
+    argv += ["--output-len", "12", "--profile-batches", "2"]
+    records = {r["kind"]: r for r in _run_script("bench_scaled.py", argv, tmp_path / "scaled.json")["records"]}
     assert set(records) == {"startup", "tpot", "prefill", "profile"}
     assert records["tpot"]["ms"] > 0 and records["tpot"]["floor_ms"] > 0 and records["prefill"]["ms"] > 0
     assert "ms_per_step" in records["profile"]  # on CPU the trace holds no GPU kernels to split
+
+
+def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
+    """scripts/bench_spec.py end to end on CPU (the H200 runs it on the cut release with a real-width
+    draft): a plain decode engine and an EAGLE3 engine, t_decode and t_step from streamed steps."""
+    argv = ["--model-path", str(tiny_vl), "--draft-path", str(tiny_draft), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--batches", "2", "--input-len", "96", "--output-len", "24"]
+    result = _run_script("bench_spec.py", argv, tmp_path / "spec.json")
+    assert result["errors"] == [] and result["spec"]["num_steps"] == 3
+    (row,) = result["records"]
+    assert row["batch"] == 2 and row["t_decode"] > 0 and row["t_step"] > 0
+    # Random prompts: the tiny draft accepts little, but every step commits at least its bonus token.
+    assert 1.0 <= row["accept_length_measured"] <= 4.0
+    assert row["t_verify"] is None  # phases come from a GPU trace only

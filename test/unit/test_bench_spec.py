@@ -50,3 +50,17 @@ def test_projection(bench):
     costs = bench["layer_costs"]([(1, 3, 10.0), (1, 7, 18.0)], 0.5)
     assert costs["per_sparse"] == pytest.approx(2.0) and costs["per_dense"] == pytest.approx(1.0)
     assert bench["project"](costs, 3, 57) == pytest.approx(10.0 - 1 - 6 + 3 + 114)
+
+
+def test_full_batch_steps_from_final_verify_count(bench):
+    # Two requests streaming 2 tokens per step (AL 2); the counts arrive only with the final chunk,
+    # and request 1's chunks coalesce (one chunk per two steps) in the middle.
+    r0 = [(0.0, 1, None)] + [(0.1 * k, 1 + 2 * k, None) for k in range(1, 11)] + [(1.1, 23, 11)]
+    r1 = [(0.05, 1, None)] + [(0.05 + 0.2 * k, 1 + 4 * k, None) for k in range(1, 5)] + [(1.0, 21, 10)]
+    out = bench["full_batch_steps"]([r0, r1])
+    # window 0.05..1.0: each request gains 21 - 1 = 20 tokens, at its own acceptance length
+    assert out["steps_from"] == "spec_verify_ct"
+    assert out["steps"] == pytest.approx((20 * 11 / 23 + 20 * 10 / 21) / 2)
+    assert out["seconds_per_step"] == pytest.approx(0.95 / out["steps"])
+    with pytest.raises(RuntimeError, match="raise --output-len"):
+        bench["full_batch_steps"]([r0[:3], r1])
