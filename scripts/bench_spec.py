@@ -98,6 +98,11 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--hbm-tbps", type=float, default=4.3)
     p.add_argument("--out", default="bench_results/spec_phases.json")
+    p.add_argument(
+        "--resume",
+        default=None,
+        help="an earlier --out of the same command: its engines that measured are kept, only the others run",
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: LABEL:MODE in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--draft-dir", default=None, help=argparse.SUPPRESS)
@@ -547,6 +552,9 @@ def main(argv=None) -> dict:
         labels = [f"{d}+{s}" for d, s in cuts]
     accept_lengths = [float(x) for x in args.accept_lengths.split(",") if x]
     records, drafts, draft_info, failed = [], {}, {}, []
+    if args.resume:
+        records = [r for r in json.loads(pathlib.Path(args.resume).read_text())["raw"] if r["kind"] != "error"]
+    measured = {(r["cut"], r["mode"]) for r in records if r["kind"] == "time"}
     for (dense, sparse), label in zip(cuts, labels):
         if args.model_path:
             model_dir = pathlib.Path(args.model_path)
@@ -564,6 +572,9 @@ def main(argv=None) -> dict:
         )
         for mode in args.modes.split(","):
             one = f"{label}:{mode}"
+            if (label, mode) in measured:
+                print(f"{one}: kept from {args.resume}", flush=True)
+                continue
             results = out.with_name(f"{out.stem}.{label}-{mode}.partial.jsonl")
             results.write_text("")
             cmd = [sys.executable, __file__, *argv, "--one", one, "--model-dir", str(model_dir)]
