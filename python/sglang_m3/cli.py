@@ -4,9 +4,9 @@
 a batch through stock ``sglang.Engine`` with this plugin: a short prompt and one
 past the sparse-attention threshold, on CUDA when present, else CPU.
 ``sglang-m3 tiny-path`` prints the cached checkpoint's path (for
-``python -m sglang.launch_server --model-path ...``); ``sglang-m3 draft-path`` prints the
-cached tiny EAGLE3 draft's path (``--speculative-draft-model-path``). ``sglang-m3 capacity``
-prints weights per rank and KV token capacity for a config (default: the released M3).
+``python -m sglang.launch_server --model-path ...``; ``--fp8-block``: its block-FP8 copy);
+``sglang-m3 draft-path`` prints the cached tiny EAGLE3 draft's path (``--speculative-draft-model-path``).
+``sglang-m3 capacity`` prints weights per rank and KV token capacity for a config (default: the released M3).
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ def main(argv=None) -> int:
     for s in (d, p):
         s.add_argument("--name", default="m3-tiny", choices=sorted(TINY_CONFIGS))
         s.add_argument("--variant", default="vl", choices=["vl", "text"])
+    p.add_argument(
+        "--fp8-block",
+        action="store_true",
+        help="the block-FP8 copy instead (fp8 weights, 32x32 weight_scale_inv, quantization_config; 'vl' only)",
+    )
     dp = sub.add_parser("draft-path", help="print the cached tiny EAGLE3 draft path (building it on first use)")
     dp.add_argument("--name", default="m3-tiny")
     c = sub.add_parser("capacity", help="weights per rank and KV token capacity (default: the released M3)")
@@ -107,6 +112,11 @@ def main(argv=None) -> int:
         from .tiny.draft import default_draft
 
         print(default_draft(args.name))
+        return 0
+    if args.fp8_block:
+        from .tiny.fp8 import default_fp8_checkpoint
+
+        print(default_fp8_checkpoint(args.name, args.variant))
         return 0
     from .tiny import default_checkpoint
 

@@ -7,6 +7,7 @@ Modules, each importing only those listed before it:
 
 * ``configs``, ``tokenizer``: the tiny shapes; the trained BPE tokenizer and chat template.
 * ``build``: the target checkpoint (build, cache).
+* ``fp8``: its block-FP8 copy (fp8 weights, ``weight_scale_inv``, ``quantization_config``; ``default_fp8_checkpoint``).
 * ``eagle3``: the tiny EAGLE3 draft's format and slow reference forward.
 * ``target``: the target in transformers (layer-input capture, greedy continuation).
 * ``prompts``: the prompts the draft is trained, probed and measured on (the tests' probe prompts).
