@@ -3,14 +3,26 @@
 SGLang's own quantisation methods do the work once ``quant_config`` reaches every linear
 and the MoE: ``--quantization fp8`` (per-tensor FP8 weights made at load, Hopper's FP8
 GEMMs) and checkpoints that carry a block-FP8 ``quantization_config`` (``quant_method:
-fp8`` with ``weight_block_size``). The router, the indexer projections and the norms stay
-unquantised (the router is fp32 in the release; the indexer's scores pick the pages).
-Anything else is refused at start-up naming the method.
+fp8`` with ``weight_block_size``: ``Fp8LinearMethod`` / ``Fp8MoEMethod`` with block scales,
+the checkpoint's ``weight_scale_inv`` loaded into the fused qkv / gate_up / FusedMoE w13 / w2
+scale parameters). The router, the indexer projections and the norms stay unquantised (the
+router is fp32 in the release; the indexer's scores pick the pages). Anything else is
+refused at start-up naming the method.
+
+Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
+block-FP8 GEMMs: ``keep_block_fp8_on_triton``.
 """
 
 from __future__ import annotations
 
+import logging
+
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
 SUPPORTED_QUANTIZATION = ("fp8",)
+KERNEL_BLOCK = [128, 128]  # the only block size SGLang's DeepGEMM / CUTLASS / FlashInfer FP8 paths read
 
 
 def check_quantization(quant_config) -> None:
@@ -22,3 +34,41 @@ def check_quantization(quant_config) -> None:
         raise ValueError(
             f"quantization={name!r}: sglang-m3 serves MiniMax-M3 unquantised or with {list(SUPPORTED_QUANTIZATION)}"
         )
+
+
+def keep_block_fp8_on_triton(model: nn.Module, quant_config) -> int:
+    """Block-FP8 layers whose block is not 128 x 128 on SGLang's Triton kernels; returns how many linears moved.
+
+    SGLang picks a block-FP8 linear's GEMM without looking at the block size (fp8_utils
+    ``_dispatch_auto_backend``: DeepGEMM whenever it is installed, and on Hopper / Blackwell it sends
+    every 64 x 128 aligned weight there), and those kernels read 128 x 128 weight / 1 x 128 activation
+    scales only; its Triton GEMM takes any block. The MoE runner is chosen per process: a block other
+    than 128 x 128 with a runner other than Triton is refused here, naming ``--moe-runner-backend``."""
+    block = list(getattr(quant_config, "weight_block_size", None) or [])
+    if not block or block == KERNEL_BLOCK:
+        return 0
+    import torch
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend
+    from sglang.srt.layers.quantization import fp8_utils
+    from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod, Fp8MoEMethod
+
+    if torch.version.hip is not None:
+        return 0
+    moved = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, Fp8MoEMethod) and method.block_quant:
+            runner = get_moe_runner_backend()
+            if not (runner.is_triton() or (runner.is_auto() and not method.is_deepgemm_moe_runner_backend_enabled())):
+                raise ValueError(
+                    f"weight_block_size={block} with --moe-runner-backend={runner.value!r}"
+                    f"{' (DeepGEMM)' if runner.is_auto() else ''}: only SGLang's Triton MoE runner reads blocks other "
+                    f"than {KERNEL_BLOCK}; use --moe-runner-backend triton"
+                )
+        elif isinstance(method, Fp8LinearMethod) and method.block_quant and not method.use_mxfp8:
+            if method.w8a8_block_fp8_linear is not fp8_utils.triton_w8a8_block_fp8_linear:
+                method.w8a8_block_fp8_linear = fp8_utils.triton_w8a8_block_fp8_linear
+                moved += 1
+    if moved:
+        logger.info("sglang-m3: %d block-FP8 linears (block %s) on SGLang's Triton GEMM", moved, block)
+    return moved

@@ -97,6 +97,13 @@ def test_launch_server_exits_with_the_message(tiny_vl, tmp_path):
     assert "sparse_score_type='lse'" in _launch_server_output(bad)
 
 
+@pytest.mark.slow
+def test_quantization_other_than_fp8_is_refused_naming_it(tiny_vl):
+    """The model refuses a method it has not been validated with (bf16: SGLang's own dtype check passes first)."""
+    out = _launch_server_output(tiny_vl, "--dtype", "bfloat16", "--quantization", "w8a8_int8")
+    assert "quantization='w8a8_int8': sglang-m3 serves MiniMax-M3 unquantised or with ['fp8']" in out, out[-3000:]
+
+
 @pytest.mark.parametrize(
     "spec,message",
     [

@@ -23,13 +23,14 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
-from ..quant import check_quantization
+from ..quant import check_quantization, keep_block_fp8_on_triton
 from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
 from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, fused_shared_target, map_name
 
 logger = logging.getLogger(__name__)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 class M3DecoderLayer(nn.Module):
@@ -92,6 +93,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self.m3 = M3Config.from_hf(config)
         text_config = getattr(config, "text_config", config)
         self.model = M3Model(self.m3, quant_config=quant_config)
+        keep_block_fp8_on_triton(self.model, quant_config)
         if self.m3.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -144,8 +146,18 @@ class MiniMaxM3ForCausalLM(nn.Module):
                 self._load_kv_scale(target, tensor)
                 continue
             if target.param not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no MiniMax-M3 parameter (mapped to {target.param!r})")
+                hint = ""
+                if target.param.endswith(QUANT_SCALES) and self.quant_config is None:
+                    hint = "; an FP8 checkpoint needs a quantization_config at the top level of config.json"
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no MiniMax-M3 parameter (mapped to {target.param!r}){hint}"
+                )
             param = params[target.param]
+            if tensor.dtype in FP8_DTYPES and param.dtype not in FP8_DTYPES:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} is {tensor.dtype} but {target.param!r} is {param.dtype}: "
+                    "FP8 weights need the checkpoint's quantization_config (quant_method fp8) to reach this layer"
+                )
             loader = getattr(param, "weight_loader", default_weight_loader)
             if EXPERT_PARAMS in target.param:
                 _load_experts(loader, param, name, tensor, target)
@@ -157,7 +169,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         if skipped:
             logger.info("sglang-m3: skipped %d vision/MTP tensors (text serving)", skipped)
         missing = set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set())
-        if self.quant_config is not None:  # scales an online method (--quantization fp8) computes after loading
+        if self.quant_config is not None and not getattr(self.quant_config, "is_checkpoint_fp8_serialized", False):
+            # scales an online method (--quantization fp8) computes after loading; an FP8 checkpoint brings its own
             missing = {name for name in missing if not name.endswith(QUANT_SCALES)}
         missing = sorted(missing)
         if missing:
