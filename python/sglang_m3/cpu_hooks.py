@@ -23,8 +23,10 @@ these (AROUND) only when ``torch.cuda.is_available()`` is False:
 * ``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``: skipped for M3, whose EAGLE3
   worker runs under SGLang's overlap scheduler on CPU too (``spec/worker.py``); other models keep
   SGLang's rule (speculation on CPU without overlap);
-* ``managers.overlap_utils.gather_spec_extras`` (the overlap scheduler's relay of the next step's
-  draft input): plain index gathers for CPU tensors instead of SGLang's Triton kernel.
+* ``managers.overlap_utils.FutureMap._resolve_spec_extras`` (the overlap scheduler's relay of the
+  next step's draft input out of the ``FutureMap``): plain index gathers on the CPU. SGLang's version gathers
+  the rows with a Triton kernel and calls ``record_stream`` with ``torch.cpu.current_stream()``, which
+  torch rejects ("unknown parameter type"): the scheduler died on the first speculative decode step.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def hooks(hook_type) -> list:
         (compat.XGRAMMAR_ALLOCATE_BITMASK, unpinned_token_bitmask, hook_type.AROUND),
         (compat.XGRAMMAR_APPLY_MASK, apply_token_bitmask, hook_type.AROUND),
         (compat.SPEC_CPU_NO_OVERLAP, keep_overlap_for_m3, hook_type.AROUND),
-        (compat.GATHER_SPEC_EXTRAS, gather_spec_extras, hook_type.AROUND),
+        (compat.RESOLVE_SPEC_EXTRAS, resolve_spec_extras, hook_type.AROUND),
     ]
 
 
@@ -118,8 +120,16 @@ def keep_overlap_for_m3(original, server_args):
     return original(server_args)
 
 
-def gather_spec_extras(original, indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
-    if indices.device.type != "cpu":
-        return original(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
-    hidden = hidden_states_buf[indices] if hidden_states_buf is not None else None
-    return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden
+def resolve_spec_extras(original, self, batch):
+    info = batch.spec_info
+    if str(self.device) != "cpu" or self.spec_algo.is_ngram() or info is None or info.future_indices.shape[0] == 0:
+        return original(self, batch)  # on the CPU, SGLang's early returns come before record_stream
+    rows = info.future_indices
+    info.bonus_tokens = self.output_tokens_buf[rows]
+    if self.need_topk:
+        info.topk_p, info.topk_index = self.topk_p_buf[rows], self.topk_index_buf[rows]
+    if self.need_hidden_states:
+        info.hidden_states = self.hidden_states_buf[rows]
+    if self.draft_probs_buf is not None and info.draft_probs is not None:
+        info.draft_probs = self.draft_probs_buf[rows]
+    info.dsa_topk_indices = self.dsa_topk_indices_buf[rows] if info.future_dsa_topk_indices_available else None

@@ -66,7 +66,7 @@ INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_pa
 XGRAMMAR_ALLOCATE_BITMASK = "sglang.srt.constrained.xgrammar_backend._allocate_token_bitmask"
 XGRAMMAR_APPLY_MASK = "sglang.srt.constrained.xgrammar_backend.XGrammarGrammar.apply_vocab_mask"
 SPEC_CPU_NO_OVERLAP = "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu"
-GATHER_SPEC_EXTRAS = "sglang.srt.managers.overlap_utils.gather_spec_extras"
+RESOLVE_SPEC_EXTRAS = "sglang.srt.managers.overlap_utils.FutureMap._resolve_spec_extras"
 
 
 # --- Registries and private names changed or used directly (HookRegistry cannot patch dict/list entries).

@@ -47,6 +47,8 @@ def test_every_hook_applied_and_cpu_hooks_only_without_cuda():
         sglang_compat.GET_LAST_LOC,
         sglang_compat.ASSIGN_REQ_TO_TOKEN_POOL,
         sglang_compat.SUPPORT_TRITON,
+        sglang_compat.SPEC_CPU_NO_OVERLAP,
+        sglang_compat.RESOLVE_SPEC_EXTRAS,
     }
     if torch.cuda.is_available():
         assert not cpu_targets & targets
