@@ -61,10 +61,12 @@ architecture name inside these functions):
   ``Engine.get_server_info()`` / ``/server_info`` show whether the draft graphs
   replay. SGLang's state dump has no per-worker extension point.
 * ``Scheduler.is_disable_overlap_for_batch`` (AROUND): under overlap scheduling, a decode batch
-  our EAGLE3 worker cannot run exactly one step ahead of the host (a request with penalties or
+  our EAGLE3 worker cannot run one step ahead of the host (a request with penalties or
   ``min_new_tokens``, whose tables are built from the committed output on the host) runs
-  synchronously instead (``M3Eagle3Worker.needs_synchronous_step``). SGLang's rule for that is
-  about grammars only, and has no per-worker hook.
+  synchronously instead (``M3Eagle3Worker.needs_synchronous_step``): the scheduler processes the
+  pending result first, as it does for grammars without a grammar barrier. SGLang's rule
+  (``ScheduleBatch.grammar_needs_sync``) is about grammars only and has no per-worker hook;
+  without this, greedy penalty requests under overlap differ from plain decoding.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -76,7 +78,9 @@ alloc_extend`` / ``alloc_decode``, ``mem_cache.allocation.get_last_loc`` /
 ``assign_req_to_token_pool_func`` (speculative slot reservation) and
 ``utils.common.support_triton``: torch paths where SGLang's Triton bookkeeping
 kernels cannot run; SGLang picks them by attention-backend name, and only
-``torch_native`` / ``intel_amx`` are known to it as Triton-free.
+``torch_native`` / ``intel_amx`` are known to it as Triton-free. Also there: gloo-only
+TP groups, xgrammar's CPU bitmask, and the two pieces overlap scheduling with EAGLE3
+needs on CPU (SGLang's CPU rule that turns it off, the ``FutureMap`` relay's gathers).
 """
 
 from __future__ import annotations

@@ -77,5 +77,5 @@ def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:
         # SGLang 0.5.17 fills topk only when all three are unset; a bare step count crashes later.
         raise ValueError(f"--speculative-num-steps={steps} needs --speculative-eagle-topk 1 too (chain drafting)")
     # Unset step counts resolve to SGLang's chain default for this architecture (3 steps, topk 1,
-    # 4 draft tokens). The chain worker runs synchronously (no overlap scheduling yet).
-    return {"disable_overlap_schedule": True}
+    # 4 draft tokens). Overlap scheduling stays as the user set it (on by default).
+    return {}

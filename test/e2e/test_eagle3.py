@@ -5,6 +5,11 @@ Greedy speculative output must equal greedy non-speculative output token for tok
 page or draft-KV slot shows up as a different token. The tiny draft memorised the
 target's continuations of these prompts, so whole chains are accepted and the accepted
 paths (not just rejections) are exercised; chains cross MSA block boundaries (block 16).
+
+The module's engine runs under SGLang's overlap scheduler (the default with EAGLE3): each step's
+lengths and draft input reach the worker through the ``FutureMap`` while the host has not yet
+processed the previous step. The memory-pressure test runs once more with
+``--disable-overlap-schedule`` (the synchronous path).
 """
 
 from __future__ import annotations
@@ -26,15 +31,26 @@ def prompts(corpus_ids):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_vl, prompts):
-    """Greedy outputs and per-token log-probs of a plain engine (started and stopped first)."""
+def probes(tiny_vl):
+    """The 8 first probe prompts (the tiny draft memorised their continuations too)."""
+    from sglang_m3.tiny.prompts import probe_prompts
+    from transformers import AutoTokenizer
+
+    return probe_prompts(AutoTokenizer.from_pretrained(tiny_vl))[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_vl, prompts, probes):
+    """Greedy outputs and per-token log-probs of a plain engine (started and stopped first), and the
+    probes' greedy outputs."""
     engine = sgl.Engine(model_path=str(tiny_vl), **ENGINE_ARGS)
     try:
         greedy = engine_greedy(engine, prompts, NEW)
         logprobs, _ = engine_output_logprobs(engine, prompts[:2])
+        probe_greedy = engine_greedy(engine, probes, NEW)
     finally:
         engine.shutdown()
-    return greedy, logprobs
+    return greedy, logprobs, probe_greedy
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +60,10 @@ def spec_engine(tiny_vl, tiny_draft, reference):
     )
     yield engine
     engine.shutdown()
+
+
+def test_overlap_scheduling_is_on(spec_engine):
+    assert spec_engine.get_server_info()["disable_overlap_schedule"] is False
 
 
 def test_greedy_speculation_is_token_exact(spec_engine, reference, prompts):
@@ -101,44 +121,56 @@ def test_unsupported_sampling_is_refused_at_admission(spec_engine, prompts):
     assert len(out[0]["output_ids"]) == 4  # the engine keeps serving
 
 
-def test_acceptance_does_not_depend_on_the_batch(spec_engine, tiny_vl):
-    """The 8 first probe prompts alone and as one batch: every request accepts the same drafts."""
-    from sglang_m3.tiny.prompts import probe_prompts
-    from transformers import AutoTokenizer
-
-    probes = probe_prompts(AutoTokenizer.from_pretrained(tiny_vl))[:8]
+def test_acceptance_does_not_depend_on_the_batch(spec_engine, reference, probes):
+    """The 8 first probe prompts alone and as one batch: the plain greedy tokens, and every request
+    accepts the same drafts."""
     sampling = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
     counts = lambda o: (o["output_ids"], o["meta_info"]["spec_correct_drafts_histogram"])  # noqa: E731
     alone = [counts(spec_engine.generate(input_ids=[p], sampling_params=sampling)[0]) for p in probes]
     batched = [counts(o) for o in spec_engine.generate(input_ids=probes, sampling_params=sampling)]
+    assert [ids for ids, _ in alone] == reference[2]
     assert batched == alone
     assert sum(h[3] for _, h in alone) > 0  # whole chains accepted: the comparison covers long acceptances
 
 
-def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, spec_engine, corpus_ids):
+@pytest.fixture(scope="module")
+def pressure(corpus_ids, spec_engine):
+    """24 prompts sharing a 32-token prefix, and their greedy outputs from the roomy engine (itself
+    token-exact against plain decoding above)."""
+    prompts = [corpus_ids[:32] + corpus_ids[100 + i * 37 : 108 + i * 42] for i in range(24)]  # 40..155 tokens
+    sampling = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    outs = spec_engine.generate(input_ids=prompts, sampling_params=sampling)
+    return prompts, sampling, [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "disable_overlap_schedule"])
+def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, pressure, reference, prompts, overlap):
     """Last in the module: an engine's shutdown kills every child process of the test process, the
-    module's spec_engine included.
+    module's spec_engine included (``pressure`` holds its outputs).
 
     24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
     queueing, retraction (the draft's reserved slots are released with the rest), radix hits on the
-    shared prefix, and a draft prefill pass spanning chunks; outputs equal a roomy speculative engine
-    (itself token-exact against plain decoding above) and no slot leaks."""
-    prompts = [corpus_ids[:32] + corpus_ids[100 + i * 37 : 108 + i * 42] for i in range(24)]  # 40..155 tokens
-    sampling = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
-    want = [o["output_ids"] for o in spec_engine.generate(input_ids=prompts, sampling_params=sampling)]
+    shared prefix, and a draft prefill pass spanning chunks; outputs equal the roomy engine's and no
+    slot leaks. Once with overlap scheduling, once without (``--disable-overlap-schedule``, which
+    must give the plain greedy tokens as well)."""
+    pressure_prompts, sampling, want = pressure
     args = dict(
         ENGINE_ARGS,
         max_total_tokens=640,
         chunked_prefill_size=64,
         max_running_requests=24,
         schedule_conservativeness=0.05,
+        disable_overlap_schedule=not overlap,
     )
     engine = sgl.Engine(model_path=str(tiny_vl), speculative_draft_model_path=str(tiny_draft), **SPEC_ARGS, **args)
     try:
-        outs = engine.generate(input_ids=prompts, sampling_params=sampling)
+        assert engine.get_server_info()["disable_overlap_schedule"] is not overlap
+        outs = engine.generate(input_ids=pressure_prompts, sampling_params=sampling)
         assert [o["output_ids"] for o in outs] == want
         assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0  # the pool ran dry mid-decode
         assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0
+        if not overlap:
+            assert engine_greedy(engine, prompts, NEW) == reference[0]
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)
     finally:

@@ -1,6 +1,8 @@
-"""Every request type under EAGLE3 on CPU: grammars, penalties, logit bias, min_new_tokens, seeds, NaN.
+"""Every request type under EAGLE3 on CPU: grammars, penalties, logit bias, min_new_tokens, stop strings,
+seeds, NaN, client aborts.
 
-Greedy requests must give the same tokens with and without speculation (fp32). Grammar
+The EAGLE3 engine runs under SGLang's overlap scheduler (the default). Greedy requests must give the
+same tokens with and without speculation (fp32). Grammar
 requests run on CPU with and without speculation (SGLang's xgrammar path pins memory and
 applies masks with GPU kernels only; ``cpu_hooks.py``). The sampled path's distribution:
 ``test_eagle3_sampling.py``.
@@ -18,6 +20,7 @@ from fastapi import HTTPException
 
 from .conftest import ENGINE_ARGS as BASE_ARGS
 from .conftest import SPEC_ARGS, prompts_from
+from .parity_helpers import used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +52,7 @@ def prompts(corpus_ids):
     return prompts_from(corpus_ids)[:3]
 
 
-def _run_cases(engine, prompts, stop_ids):
+def _run_cases(engine, prompts, stop_ids, stop_strings):
     out = {}
     for name, params in CASES.items():
         out[name] = engine.generate(input_ids=prompts, sampling_params=params)
@@ -58,7 +61,16 @@ def _run_cases(engine, prompts, stop_ids):
         engine.generate(input_ids=[p], sampling_params=dict(GREEDY, stop_token_ids=[s], min_new_tokens=20))[0]
         for p, s in zip(prompts, stop_ids)
     ]
+    # a stop string from the middle of each greedy text, the prompts as one batch
+    out["stop_string"] = engine.generate(
+        input_ids=prompts, sampling_params=[dict(GREEDY, stop=[s], ignore_eos=True) for s in stop_strings]
+    )
     return out
+
+
+def _stop_strings(greedy) -> list[str]:
+    texts = [o["text"] for o in greedy]
+    return [t[len(t) // 2 :][:3] for t in texts]
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +81,18 @@ def plain(tiny_vl, prompts):
     try:
         greedy = engine.generate(input_ids=prompts, sampling_params=dict(GREEDY, ignore_eos=True))
         stop_ids = [o["output_ids"][2] for o in greedy]
+        stop_strings = _stop_strings(greedy)
         short = [
             engine.generate(input_ids=[p], sampling_params=dict(GREEDY, stop_token_ids=[s]))[0]
             for p, s in zip(prompts, stop_ids)
         ]
-        return dict(_run_cases(engine, prompts, stop_ids), stop_ids=stop_ids, greedy=greedy, short=short)
+        return dict(
+            _run_cases(engine, prompts, stop_ids, stop_strings),
+            stop_ids=stop_ids,
+            stop_strings=stop_strings,
+            greedy=greedy,
+            short=short,
+        )
     finally:
         engine.shutdown()
 
@@ -89,7 +108,7 @@ def spec_engine(tiny_vl, tiny_draft, plain):
 
 @pytest.fixture(scope="module")
 def spec(spec_engine, prompts, plain):
-    return _run_cases(spec_engine, prompts, plain["stop_ids"])
+    return _run_cases(spec_engine, prompts, plain["stop_ids"], plain["stop_strings"])
 
 
 def _valid(text: str) -> bool:
@@ -100,9 +119,14 @@ def _valid(text: str) -> bool:
     return set(obj) == {"ok", "n"} and isinstance(obj["ok"], bool) and obj["n"] in (1, 2, 3)
 
 
-@pytest.mark.parametrize("case", [*CASES, "min_new_tokens"])
+def test_overlap_scheduling_is_on(spec_engine):
+    assert spec_engine.get_server_info()["disable_overlap_schedule"] is False
+
+
+@pytest.mark.parametrize("case", [*CASES, "min_new_tokens", "stop_string"])
 def test_greedy_equals_plain_decoding(plain, spec, case):
     assert [o["output_ids"] for o in spec[case]] == [o["output_ids"] for o in plain[case]]
+    assert [o["text"] for o in spec[case]] == [o["text"] for o in plain[case]]
 
 
 def test_the_cases_change_the_output(plain):
@@ -112,6 +136,9 @@ def test_the_cases_change_the_output(plain):
         assert [o["output_ids"] for o in plain[case]] != base, case
     assert all(len(o["output_ids"]) <= 3 for o in plain["short"])  # the stop token ends them early ...
     assert all(len(o["output_ids"]) >= 20 for o in plain["min_new_tokens"])  # ... unless min_new_tokens holds it
+    assert all(s.strip() for s in plain["stop_strings"]), plain["stop_strings"]
+    for o in plain["stop_string"]:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop" and len(o["output_ids"]) < NEW, o["meta_info"]
 
 
 def test_grammar_outputs_parse(plain, spec):
@@ -146,3 +173,32 @@ def test_non_finite_logits_end_one_request(spec_engine, prompts, plain):
     assert "non-finite logits" in outs[1].detail
     for i in (0, 2):
         assert outs[i]["output_ids"] == plain["greedy"][i]["output_ids"]
+
+
+def test_client_abort_frees_the_request(spec_engine, prompts, plain):
+    """A request aborted by its client mid-decode (overlap: a step of it is still in flight when the abort
+    lands) ends with finish_reason abort; the requests beside it give their plain tokens, and every KV
+    slot comes back."""
+    rid = "eagle3-client-abort"
+
+    async def run():
+        long = asyncio.ensure_future(
+            spec_engine.async_generate(
+                input_ids=prompts[0], sampling_params=dict(GREEDY, max_new_tokens=2000, ignore_eos=True), rid=rid
+            )
+        )
+        others = await asyncio.gather(
+            *[
+                spec_engine.async_generate(input_ids=p, sampling_params=dict(GREEDY, ignore_eos=True))
+                for p in prompts[1:]
+            ]
+        )
+        spec_engine.tokenizer_manager.abort_request(rid)
+        return await long, others
+
+    aborted, others = spec_engine.loop.run_until_complete(run())
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort", aborted["meta_info"]
+    assert 0 < len(aborted["output_ids"]) < 2000
+    assert [o["output_ids"] for o in others] == [o["output_ids"] for o in plain["greedy"][1:]]
+    spec_engine.flush_cache()
+    assert used_tokens_settle_to_zero(spec_engine)

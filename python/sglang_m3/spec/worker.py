@@ -22,27 +22,29 @@ Draft KV lives in the target's pool (``M3KVPool.draft_view``), in the same slots
 the target's, so rejected positions are simply overwritten by the next step and
 finishing a request frees everything.
 
-Overlap scheduling is still forced off at start-up (``server_args.py``): the overlap
-handling below is written but not yet verified end to end. Under overlap the worker follows SGLang's spec-v2 contract as its own EAGLE worker v2 does: the
-scheduler prepares step N + 1 on the host while the device runs step N; the step's
+Under SGLang's overlap scheduler (the default; ``--disable-overlap-schedule`` runs the same
+steps synchronously) the worker follows the spec-v2 contract its own EAGLE worker v2 follows:
+the scheduler prepares step N + 1 on the host while the device runs step N, so the step's
 ``seq_lens`` and draft input (``d_1``, hidden state, bonus token) arrive as device tensors
-gathered from the ``FutureMap`` (resolved from what step N published), so every length
-this worker and the MSA plans read (``s``, the ladder, the ``req_to_token`` slots, the
-plans' page tables in ``attention/metadata.py``) is the corrected one, never a host copy
-made before acceptance. ``on_publish(new_seq_lens)`` fires after acceptance, before the
-catch-up, so the next step's preparation overlaps the catch-up. Everything of one step
-runs on the scheduler's forward stream, so a graph replay's in-place writes land before
-any later read of its outputs. Host state that lags by one step under overlap: the
-grammar FSM, advanced through the scheduler's ``grammar_barrier`` (step N's committed
-tokens) before the chain's masks are built; the committed output ids the penalty tables
-count, for which such a batch runs synchronously (``needs_synchronous_step``, applied by
+gathered from the ``FutureMap`` (what step N published), never a host copy made before
+acceptance. Every length this worker and the MSA plans read (``s``, the ladder, the
+``req_to_token`` slots, the plans' page tables in ``attention/metadata.py``) is that corrected
+one. ``on_publish(new_seq_lens)`` fires after acceptance, before the catch-up, so the next
+step's preparation overlaps the catch-up. Everything of one step runs on the scheduler's
+forward stream, so a graph replay's in-place writes land before any later read of its outputs
+(the catch-up's outputs are cloned out of the graph pool). Host state that lags one step under
+overlap: the grammar FSM, advanced through the scheduler's ``grammar_barrier`` (step N's
+committed tokens) before the chain's masks are built; the committed output ids the penalty
+tables count, for which such a batch runs synchronously (``needs_synchronous_step``, applied by
 ``plugin.py``'s scheduler hook). On CUDA with graphs on, the target's verify
 replays SGLang's captured graphs and the draft's chain (1) and catch-up (4) replay our
 own, one pair per captured batch size (``draft_graphs.py``); batches above the largest
 size, CPU and ``--disable-cuda-graph`` run them eagerly through ``runner.forward``.
-Acceptance (3) stays eager (its grammar masks and penalty tables are host work) but does
-not wait for the host: a request with non-finite logits is found on the device, its flag
-copied back behind the step and read only after the catch-up is queued.
+Acceptance (3) stays eager (its grammar masks and penalty tables are host work); grammar
+masks aside (they need the drafts on the host), the step never waits for the device: a
+request with non-finite logits is found on the device, its flag copied back behind the step
+and read when SGLang's result processor takes that step (``on_verify_complete_cpu``), before
+it checks the requests' finish state.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -113,6 +116,8 @@ class M3Eagle3Worker(BaseSpecWorker):
         self.draft_to_target = hot.to(self.device) if hot is not None else None  # [V_draft] target ids
         self.draft_graphs = None  # ``draft_graphs.DraftGraphs`` once ``init_cuda_graphs`` ran, if any apply
         self._eager_counts = {"eager_chain": 0, "eager_catch_up": 0}
+        # (requests, host flags, copy event) of each decode step whose result SGLang has not processed yet
+        self._non_finite = deque()
         logger.info("sglang-m3 EAGLE3 chain worker: %d draft steps, %d verify rows", self.num_steps, self.num_steps + 1)
 
     # -- SGLang's worker interface ------------------------------------------------------
@@ -206,7 +211,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             capture=CaptureHiddenMode.FULL,
         )
         tokens, accept_len, bad = self._accept(batch, verify_ids, lo.next_token_logits.view(bs, R, -1), grammar_barrier)
-        bad_host, accepted = self._to_host_later(bad)
+        bad_host, copied = self._to_host_later(bad)
         if batch.return_logprob:
             compute_spec_v2_logprobs(
                 batch, lo, tokens.reshape(-1), torch.arange(bs * R, device=s.device).view(bs, R), K
@@ -223,10 +228,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             seed = self._eager_catch_up(batch, tokens, lo.hidden_states, s, ladder, slots, accept_len)
         bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
         lo.hidden_states = None  # the aux states are consumed; don't ship them to the scheduler
-        if accepted is not None:
-            accepted.synchronize()  # waits for acceptance only; the catch-up may still be running
-        if bad_host.any():
-            self._abort_non_finite(batch, bad_host)
+        self._non_finite.append((list(batch.reqs), bad_host, copied))
         return GenerationBatchResult(
             logits_output=lo,
             next_token_ids=tokens.reshape(-1),
@@ -347,10 +349,21 @@ class M3Eagle3Worker(BaseSpecWorker):
             out = out + info.logit_bias.view(bs, 1, -1)
         return out
 
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+        """SGLang's result processor calls this once per decode step's result, in launch order, with the
+        accept lengths on the host and before it updates the requests' finish state: the step's
+        non-finite flags are read here, so the forward itself never waits for the device."""
+        reqs, bad, copied = self._non_finite.popleft()
+        assert len(reqs) == batch_size, (len(reqs), batch_size)
+        if copied is not None:
+            copied.synchronize()  # long done: the result's own copies were queued behind it
+        if bad.any():
+            self._abort_non_finite(reqs, bad)
+
     @staticmethod
-    def _abort_non_finite(batch, bad) -> None:
+    def _abort_non_finite(reqs, bad) -> None:
         for i in bad.nonzero().flatten().tolist():
-            batch.reqs[i].to_finish = FINISH_ABORT(
+            reqs[i].to_finish = FINISH_ABORT(
                 "sglang-m3 EAGLE3: the target produced non-finite logits (NaN or inf) for this request",
                 status_code=500,
                 err_type="InternalServerError",
