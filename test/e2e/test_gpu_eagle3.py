@@ -6,6 +6,9 @@ Graph replays pad the batch to a captured size, which may change the fused MoE's
 config (and so its reduction order): log-probs are compared to 1e-5, tokens exactly.
 With graphs on, the EAGLE3 draft's chain and catch-up replay their own CUDA graphs
 (``spec/draft_graphs.py``); the batch of 3 replays the captured size 4 (padded rows).
+EAGLE3 with graphs runs under SGLang's overlap scheduler (the default: forward and copy streams,
+the next step prepared while this one runs); eager EAGLE3 runs with ``--disable-overlap-schedule``
+(the synchronous path), so both paths are covered without another engine.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ def _run(model, args, prompts, **extra):
         logprobs, outs = engine_output_logprobs(engine, prompts[:2])
         stats = [o["meta_info"].get("spec_verify_ct") for o in outs]
         padded = engine_greedy(engine, prompts[:3], NEW)  # 3 requests: replayed as the captured size 4
-        draft = engine.get_server_info()["internal_states"][0].get("sglang_m3_eagle3")  # EAGLE3 runs only
+        info = engine.get_server_info()
+        draft = info["internal_states"][0].get("sglang_m3_eagle3")  # EAGLE3 runs only
+        draft = draft and dict(draft, overlap=not info["disable_overlap_schedule"])
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)
     finally:
@@ -48,7 +53,7 @@ def runs(tiny_vl, tiny_draft, corpus_ids):
     return {
         "eager": _run(tiny_vl, EAGER, prompts),
         "graphs": _run(tiny_vl, GRAPHS, prompts),
-        "eagle3_eager": _run(tiny_vl, EAGER, prompts, **spec),
+        "eagle3_eager": _run(tiny_vl, EAGER, prompts, **spec, disable_overlap_schedule=True),
         "eagle3_graphs": _run(tiny_vl, GRAPHS, prompts, **spec),
     }
 
@@ -64,7 +69,9 @@ def test_token_exact_against_eager_decode(runs, variant):
 
 
 def test_eagle3_draft_passes_replay_cuda_graphs(runs):
+    """With overlap scheduling on (the token-exact check above covers its output)."""
     graphs, eager = runs["eagle3_graphs"][4], runs["eagle3_eager"][4]
+    assert graphs["overlap"] and not eager["overlap"], (graphs, eager)
     assert graphs["draft_graphs"] == "cuda_graph" and graphs["sizes"][-1] >= 4, graphs
     assert graphs["chain_replays"] > 0 and graphs["catch_up_replays"] > 0, graphs
     assert graphs["eager_chain"] == graphs["eager_catch_up"] == 0, graphs  # every batch here is <= 4 requests
