@@ -92,9 +92,7 @@ def test_a_shrinking_batch_moves_between_the_paths(spec_engine, reference, promp
     lens = [40, 36, 30, 22, 12, 6]
     cycle = prompts + prompts[:2]
     before = _stats(spec_engine)
-    outs = spec_engine.generate(
-        input_ids=cycle, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens]
-    )
+    outs = spec_engine.generate(input_ids=cycle, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens])
     delta = _delta(_stats(spec_engine), before)
     assert [o["output_ids"] for o in outs] == [reference[i % 4][:n] for i, n in enumerate(lens)]
     assert delta["eager_catch_up"] > 0 and delta["catch_up_replays"] > 0, delta

@@ -221,9 +221,7 @@ class DraftGraphs:
             seq_lens=s,
             out_cache_loc=self.slots[:bs].reshape(-1),
             positions=ladder,
-            spec_info=ChainInput(
-                hidden_states=self.aux[: bs * R], positions=ladder, num_tokens_per_req=R, verify=True
-            ),
+            spec_info=ChainInput(hidden_states=self.aux[: bs * R], positions=ladder, num_tokens_per_req=R, verify=True),
             capture=CaptureHiddenMode.FULL,
         )
         last = self._reqs[:bs] * R + self.accept_len[:bs] - 1  # row of each request's last committed token
