@@ -220,6 +220,25 @@ def new_tokens(args, batch: int, context: int) -> int:
     return args.output_len + 2 * batch * -(-context // 8192)
 
 
+def engine_base_args(args, load_format: str, tokens: int, batches: list[int], mem_fraction_static: float) -> dict:
+    """``sgl.Engine`` arguments both benchmark scripts share: token ids in and out, KV for ``tokens`` plus
+    slack, decode graphs only at the measured ``batches`` (a shorter start-up), 8K prefill chunks."""
+    return dict(
+        model_path=args.model_dir,
+        load_format=load_format,
+        device=args.device,
+        dtype=args.dtype,
+        disable_cuda_graph=args.device != "cuda",
+        skip_tokenizer_init=True,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_total_tokens=tokens + 4096,
+        cuda_graph_bs_decode=sorted(set(batches)),
+        chunked_prefill_size=PREFILL_CHUNK,
+        mem_fraction_static=mem_fraction_static,
+        log_level="info",
+    )
+
+
 def prefill_chunks(args) -> list[int]:
     """Token counts of the chunks the measured prefills run in (``chunked_prefill_size`` = ``PREFILL_CHUNK``)."""
     lens = _ints(args.prefill_lens)
@@ -242,20 +261,7 @@ def run_one(args) -> None:
         + [b * (args.long_len + new_tokens(args, b, args.long_len) + 8) for b in long_batches]
         + [max(_ints(args.prefill_lens) or [0]) + 16]
     )
-    engine_args = dict(
-        model_path=args.model_dir,
-        load_format="dummy",
-        device=args.device,
-        dtype=args.dtype,
-        disable_cuda_graph=args.device != "cuda",
-        skip_tokenizer_init=True,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_total_tokens=need + 4096,
-        cuda_graph_bs_decode=sorted(set(batches + long_batches)),  # only the measured sizes: shorter start-up
-        chunked_prefill_size=PREFILL_CHUNK,
-        mem_fraction_static=0.85,
-        log_level="info",
-    )
+    engine_args = engine_base_args(args, "dummy", need, batches + long_batches, mem_fraction_static=0.85)
     if quant:
         engine_args["quantization"] = quant
     if flag:

@@ -324,19 +324,7 @@ def run_one(args) -> None:
     need = max(
         b * (args.input_len + scaled.new_tokens(args, b, args.input_len) + 8 + 2 * args.num_steps) for b in batches
     )
-    engine_args = dict(
-        model_path=args.model_dir,
-        load_format=args.load_format,
-        device=args.device,
-        dtype=args.dtype,
-        disable_cuda_graph=args.device != "cuda",
-        skip_tokenizer_init=True,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_total_tokens=need + 4096,
-        cuda_graph_bs_decode=sorted(set(batches)),
-        mem_fraction_static=args.mem_fraction_static,
-        log_level="info",
-    )
+    engine_args = scaled.engine_base_args(args, args.load_format, need, batches, args.mem_fraction_static)
     if mode == "spec":
         K = args.num_steps
         engine_args.update(
