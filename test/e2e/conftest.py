@@ -107,8 +107,8 @@ def spec_server_url(tiny_vl, tiny_draft, tmp_path_factory):
 
 
 def _serve(model, tmp_path_factory, extra: list[str]):
-    """Start a server detached (double fork): ``Engine.shutdown()`` in other test modules
-    kills every child process of pytest, which would take a child server with it."""
+    """Start a server detached (its own session and process group), so that no engine stopped in
+    the test process takes it down, and stopping it takes its whole group."""
     import os
     import shlex
     import signal

@@ -1,9 +1,10 @@
-"""Engine-side helpers shared by the end-to-end modules (each module owns one engine at a time)."""
+"""Engine-side helpers shared by the end-to-end modules."""
 
 from __future__ import annotations
 
 import time
 
+import psutil
 import torch
 
 LOGPROB_ATOL = 1e-4  # fp32 on both sides; only reduction order may differ
@@ -11,6 +12,37 @@ NEW_TOKENS = 40
 # Mean |log-prob error| vs fp32 KV on the tiny model (measured on CPU and on the H200 alike:
 # FP8 0.151, hybrid 0.170): FP8 has 3 mantissa bits, the hybrid puts NVFP4 on sparse layers only.
 KV_ERROR_BOUNDS = {"fp8_e4m3": 0.4, "nvfp4": 0.5}
+
+
+def stop_engine(engine, timeout_s: float = 60.0) -> None:
+    """Stop one engine and only its processes.
+
+    ``Engine.shutdown()`` kills every child process of the calling process, so in a test process
+    holding several engines it also kills the others' schedulers; their subprocess watchdogs then
+    SIGQUIT the test process and SGLang's handler SIGKILLs it (pytest ends with exit 137). Here the
+    engine's own watchdog is stopped first, then its scheduler and detokenizer trees are killed.
+    """
+    watchdog = engine.tokenizer_manager._subprocess_watchdog
+    watchdog.stop()
+    procs = []
+    for proc in watchdog._processes:
+        try:
+            root = psutil.Process(proc.pid)
+            procs += [*root.children(recursive=True), root]
+        except psutil.NoSuchProcess:
+            pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    assert not alive, f"engine processes still alive after {timeout_s} s: {[p.pid for p in alive]}"
+    for proc in watchdog._processes:
+        proc.join(timeout=timeout_s)  # reap, so no zombie stays behind
+    if engine.send_to_rpc is not None:
+        engine.send_to_rpc.close(linger=0)
+        engine.send_to_rpc = None
 
 
 def engine_logprobs(engine, ids: list[int]) -> torch.Tensor:
@@ -52,7 +84,7 @@ def run_per_kv_dtype(model_path, kv_dtypes, prompts, engine_args, new: int = NEW
         try:
             results[kv_dtype] = ([engine_logprobs(engine, p) for p in prompts], engine_greedy(engine, prompts, new))
         finally:
-            engine.shutdown()
+            stop_engine(engine)
     return results
 
 

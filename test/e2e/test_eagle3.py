@@ -18,7 +18,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy, engine_output_logprobs, used_tokens_settle_to_zero
+from .parity_helpers import engine_greedy, engine_output_logprobs, stop_engine, used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def reference(tiny_vl, prompts, probes):
         logprobs, _ = engine_output_logprobs(engine, prompts[:2])
         probe_greedy = engine_greedy(engine, probes, NEW)
     finally:
-        engine.shutdown()
+        stop_engine(engine)
     return greedy, logprobs, probe_greedy
 
 
@@ -59,7 +59,7 @@ def spec_engine(tiny_vl, tiny_draft, reference):
         model_path=str(tiny_vl), speculative_draft_model_path=str(tiny_draft), **SPEC_ARGS, **ENGINE_ARGS
     )
     yield engine
-    engine.shutdown()
+    stop_engine(engine)
 
 
 def test_overlap_scheduling_is_on(spec_engine):
@@ -145,10 +145,7 @@ def pressure(corpus_ids, spec_engine):
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "disable_overlap_schedule"])
 def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, pressure, reference, prompts, overlap):
-    """Last in the module: an engine's shutdown kills every child process of the test process, the
-    module's spec_engine included (``pressure`` holds its outputs).
-
-    24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
+    """24 requests through a 640-token pool with optimistic admission and 64-token prefill chunks:
     queueing, retraction (the draft's reserved slots are released with the rest), radix hits on the
     shared prefix, and a draft prefill pass spanning chunks; outputs equal the roomy engine's and no
     slot leaks. Once with overlap scheduling, once without (``--disable-overlap-schedule``, which
@@ -174,4 +171,4 @@ def test_chunked_prefill_and_memory_pressure(tiny_vl, tiny_draft, pressure, refe
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)
     finally:
-        engine.shutdown()
+        stop_engine(engine)

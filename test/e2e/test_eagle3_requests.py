@@ -20,7 +20,7 @@ from fastapi import HTTPException
 
 from .conftest import ENGINE_ARGS as BASE_ARGS
 from .conftest import SPEC_ARGS, prompts_from
-from .parity_helpers import used_tokens_settle_to_zero
+from .parity_helpers import stop_engine, used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def plain(tiny_vl, prompts):
             short=short,
         )
     finally:
-        engine.shutdown()
+        stop_engine(engine)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def spec_engine(tiny_vl, tiny_draft, plain):
         model_path=str(tiny_vl), speculative_draft_model_path=str(tiny_draft), **SPEC_ARGS, **ENGINE_ARGS
     )
     yield engine
-    engine.shutdown()
+    stop_engine(engine)
 
 
 @pytest.fixture(scope="module")

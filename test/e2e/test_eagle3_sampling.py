@@ -2,8 +2,7 @@
 
 Hundreds of samples of the tokens the first verify rows emit (temperature 1, top-k 4), with and
 without EAGLE3, compared by total variation; the same worker with a deliberately wrong rule
-(accept every draft) must fail the bound. The engines run one after another (an engine's
-shutdown kills every child process of the test process, so none may run beside another).
+(accept every draft) must fail the bound. The engines run one after another.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
+from .parity_helpers import stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def _sampled(prompt, runs: int = 1, **engine_args) -> list[dict]:
     try:
         return [_histogram(engine, prompt) for _ in range(runs)]
     finally:
-        engine.shutdown()
+        stop_engine(engine)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import sglang as sgl
 from sglang_m3.spec.draft_graphs import STATIC_BS_ENV
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy
+from .parity_helpers import engine_greedy, stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def reference(tiny_vl, prompts):
     try:
         return engine_greedy(engine, prompts, NEW)
     finally:
-        engine.shutdown()
+        stop_engine(engine)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def spec_engine(tiny_vl, tiny_draft, reference):
             model_path=str(tiny_vl), speculative_draft_model_path=str(tiny_draft), **SPEC_ARGS, **ENGINE_ARGS
         )
     yield engine
-    engine.shutdown()
+    stop_engine(engine)
 
 
 def _stats(engine) -> dict:

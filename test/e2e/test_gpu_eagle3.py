@@ -19,7 +19,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy, engine_output_logprobs, used_tokens_settle_to_zero
+from .parity_helpers import engine_greedy, engine_output_logprobs, stop_engine, used_tokens_settle_to_zero
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 NEW = 40
@@ -41,7 +41,7 @@ def _run(model, args, prompts, **extra):
         engine.flush_cache()
         assert used_tokens_settle_to_zero(engine)
     finally:
-        engine.shutdown()
+        stop_engine(engine)
     return greedy, logprobs, stats, padded, draft
 
 

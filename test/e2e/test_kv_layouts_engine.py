@@ -15,7 +15,7 @@ import sglang as sgl
 import torch
 
 from .conftest import ENGINE_ARGS, prompts_from
-from .parity_helpers import KV_ERROR_BOUNDS, engine_greedy, run_per_kv_dtype, used_tokens_settle_to_zero
+from .parity_helpers import KV_ERROR_BOUNDS, engine_greedy, run_per_kv_dtype, stop_engine, used_tokens_settle_to_zero
 
 pytestmark = pytest.mark.slow
 NEW = 24
@@ -58,7 +58,7 @@ def test_memory_pressure_outputs_and_no_leak(tiny_vl, corpus_ids):
     try:
         want = engine_greedy(roomy, prompts, 32)
     finally:
-        roomy.shutdown()
+        stop_engine(roomy)
     # An optimistic admission policy over-commits the pool, so decode must retract requests.
     args = dict(
         ENGINE_ARGS,
@@ -80,7 +80,7 @@ def test_memory_pressure_outputs_and_no_leak(tiny_vl, corpus_ids):
         tight.flush_cache()
         assert used_tokens_settle_to_zero(tight)  # every slot is free again: nothing leaked
     finally:
-        tight.shutdown()
+        stop_engine(tight)
 
 
 def test_checkpoint_kv_scales_are_used(tiny_vl, tmp_path, runs, corpus_ids):

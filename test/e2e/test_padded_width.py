@@ -14,7 +14,7 @@ from sglang_m3.tiny import default_checkpoint
 
 from .conftest import ENGINE_ARGS
 from .hf_reference import greedy, load_hf, prompt_logprobs
-from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs
+from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs, stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_padded_moe_width_serves_like_transformers(w48, corpus_ids):
         ours = engine_greedy(engine, prompts)
         lps = [engine_logprobs(engine, ids) for ids in prompts]
     finally:
-        engine.shutdown()
+        stop_engine(engine)
     hf = load_hf(w48, "vl")[0]
     assert hf.config.text_config.intermediate_size == 48
     for ids, got, lp in zip(prompts, ours, lps):

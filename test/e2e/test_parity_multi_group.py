@@ -13,7 +13,7 @@ import torch
 
 from .conftest import ENGINE_ARGS, prompts_from
 from .hf_reference import greedy, load_hf, per_group_indexer, prompt_logprobs
-from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs
+from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs, stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def gqa_engine(tiny_gqa_text):
     engine = sgl.Engine(model_path=str(tiny_gqa_text), **ENGINE_ARGS)
     yield engine
-    engine.shutdown()
+    stop_engine(engine)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 
 from .conftest import ENGINE_ARGS, prompts_from
 from .hf_reference import greedy, load_hf, prompt_logprobs
-from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs
+from .parity_helpers import LOGPROB_ATOL, NEW_TOKENS, engine_greedy, engine_logprobs, stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def vl_engine(tiny_vl):
     # Small chunks so long prompts go through chunked prefill (extend on a cached prefix).
     engine = sgl.Engine(model_path=str(tiny_vl), chunked_prefill_size=64, **ENGINE_ARGS)
     yield engine
-    engine.shutdown()
+    stop_engine(engine)
 
 
 @pytest.fixture(scope="module")

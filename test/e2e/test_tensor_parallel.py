@@ -18,7 +18,7 @@ import pytest
 import sglang as sgl
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy
+from .parity_helpers import engine_greedy, stop_engine
 
 pytestmark = pytest.mark.slow
 NEW = 24
@@ -36,7 +36,7 @@ def _greedy(model_path, prompts, tp_size=1, **kw):
     try:
         return engine_greedy(engine, prompts, NEW)
     finally:
-        engine.shutdown()
+        stop_engine(engine)
 
 
 @pytest.fixture(scope="module")
