@@ -26,9 +26,12 @@ prompts):
   the static-buffer copies run as eager kernels between them. GPU work (trace cat ``kernel`` / ``gpu_memcpy`` /
   ``gpu_memset``) is assigned to the launch whose runtime event (cat ``cuda_runtime``) has the same
   ``args.correlation``; a phase's time is the span from its first kernel's start to its last kernel's end.
-  The script fails (an ``error`` record, exit status 1) if the launches don't repeat in threes with the
-  verify launch the largest of each three, or their kernel counts vary from step to step (a leading partial
-  step and a trailing one whose catch-up had not run when the trace stopped are dropped, and counted);
+  The verify launch is the one of each three that runs the target's MoE kernels (the draft has none); in a
+  trace without MoE kernels, the one with the most kernels. (Kernel counts alone mislead at real width: the
+  chain's two draft decodes launch as many kernels as a 4-layer target's verify.) The script fails (an
+  ``error`` record, exit status 1) if the launches don't repeat in threes with the verify so placed, or their
+  kernel counts vary from step to step (a leading partial step and a trailing one whose catch-up had not run
+  when the trace stopped are dropped, and counted);
 * ``overhead = t_step - t_verify - t_draft`` (host work, eager acceptance kernels, launch gaps);
 * projections to the released layer counts (its dense / sparse layer lists): per-layer costs from the cuts
   (sparse: the slope over the cuts' sparse counts; dense: the slope over dense counts where the cuts vary
@@ -259,19 +262,24 @@ def step_phases(launches: list[dict], eager: dict | None = None, names=SPEC_PHAS
     as ``names`` (the spec step: chain, verify, catch-up; plain decode: one). Raises ValueError when they
     don't: fewer launches than one step, a count that is not a whole number of steps after dropping a
     leading partial step, kernel counts that vary from step to step, or (spec) a verify launch that is not
-    the largest of its step."""
+    the only one of its step with MoE kernels (or, without any, not the largest)."""
     n = len(names)
     counts = [x["kernels"] for x in launches]
+    moe = [x["parts"].get("moe", 0.0) > 0 for x in launches]
     if len(launches) < n:
         raise ValueError(f"{len(launches)} graph launches with GPU work in the trace: fewer than one step ({n})")
+
+    def is_verify(step: list[int], k: int) -> bool:
+        others = [j for j in range(n) if j != k]
+        if any(moe[j] for j in step):
+            return moe[step[k]] and not any(moe[step[j]] for j in others)
+        return all(counts[step[k]] > counts[step[j]] for j in others)
 
     def fits(offset):
         body = counts[offset:]
         if len(body) < n or any(body[j] != body[j % n] for j in range(len(body))):
             return False
-        return "verify" not in names or all(
-            body[names.index("verify")] > body[k] for k in range(n) if names[k] != "verify"
-        )
+        return "verify" not in names or is_verify(list(range(offset, offset + n)), names.index("verify"))
 
     offset = next((o for o in range(n) if fits(o)), None)
     if offset is None:

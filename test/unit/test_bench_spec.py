@@ -26,15 +26,18 @@ def test_draft_fits_the_cut(bench, sparse, kv, params):
     assert sum(draft_weight_bytes(d, own_embed=True).values()) / 2 == pytest.approx(params, rel=0.01)
 
 
-def _events(counts, steps):
+def _events(counts, steps, kernel_names=None, start=0):
+    """Graph launches of ``counts`` kernels each (``kernel_names``: the kernel name per launch), repeated
+    ``steps`` times, from launch ``start`` of the pattern on."""
     ev, ts, corr = [], 0, 0
-    for _ in range(steps):
-        for c in counts:
-            corr += 1
-            ev.append({"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "args": {"correlation": corr}})
-            for _ in range(c):
-                ev.append({"cat": "kernel", "name": "gemm", "ts": ts, "dur": 10, "args": {"correlation": corr}})
-                ts += 10
+    names = kernel_names or ["gemm"] * len(counts)
+    order = [(c, k) for _ in range(steps) for c, k in zip(counts, names)][start:]
+    for c, name in order:
+        corr += 1
+        ev.append({"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "args": {"correlation": corr}})
+        for _ in range(c):
+            ev.append({"cat": "kernel", "name": name, "ts": ts, "dur": 10, "args": {"correlation": corr}})
+            ts += 10
     return ev
 
 
@@ -44,6 +47,19 @@ def test_trace_grouping(bench):
     assert out["steps"] == 3 and out["verify"] == pytest.approx(0.05) and out["draft_chain"] == pytest.approx(0.02)
     with pytest.raises(ValueError):
         bench["step_phases"](bench["graph_launches"](_events((2, 5), 3))[0])
+
+
+def test_verify_is_the_launch_with_moe_kernels(bench):
+    """At real width the chain's two draft decodes launch more kernels than a 4-layer target's verify
+    (H200: 125 vs 119, catch-up 68): the verify is told by its MoE kernels, wherever the trace starts."""
+    names = ["gemm", "fused_moe_kernel", "gemm"]
+    for start in range(3):
+        launches, eager = bench["graph_launches"](_events((125, 119, 68), 4, names, start))
+        out = bench["step_phases"](launches, eager)
+        assert out["kernels"] == {"draft_chain": 125, "verify": 119, "draft_catch_up": 68}, start
+        assert out["verify_parts"]["moe"] > 0 and "moe" not in out["draft_chain_parts"]
+    with pytest.raises(ValueError):  # two launches with MoE work in a step: no verify to tell
+        bench["step_phases"](bench["graph_launches"](_events((125, 119, 68), 3, ["fused_moe", "fused_moe", "g"]))[0])
 
 
 def test_projection(bench):
