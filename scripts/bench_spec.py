@@ -33,12 +33,12 @@ prompts):
   kernel counts vary from step to step (a leading partial step and a trailing one whose catch-up had not run
   when the trace stopped are dropped, and counted);
 * ``overhead = t_step - t_verify - t_draft`` (host work, eager acceptance kernels, launch gaps);
-* projections to the released layer counts (its dense / sparse layer lists): per-layer costs from the cuts
-  (sparse: the slope over the cuts' sparse counts; dense: the slope over dense counts where the cuts vary
-  it, else the sparse slope times the HBM-byte ratio of a dense to a sparse layer, ``sizing``), fixed part =
-  head + draft + host; a check that the first cut *plus per-layer costs scaled from its own measurement by
-  the sizing byte counts* (time proportional to the floor's bytes) predicts each other cut (error
-  reported; a third cut is also predicted from the fit of the first two); projected speed-up
+* projections to the released layer counts (its dense / sparse layer lists) from the first cut alone
+  (``first_cut_projection``): each MoE layer costs the first cut's measured MoE time per layer (from its
+  trace: the routing the dummy weights make, which is not random: see benchmarks/e2e.md), the rest of its
+  time scales with the non-expert floor bytes of a dense or sparse layer (``sizing``); fixed part = head +
+  draft + host. Every other cut's measurement checks it (error reported); a least-squares fit over all
+  cuts is given beside it. Projected speed-up
   ``AL x t_decode / t_step`` at ``--accept-lengths`` beside the same ratio of the HBM floors
   (``decode_step_bytes``; verify = the same with K + 1 rows per request, experts touched by bs x (K + 1)
   rows, plus ``draft_step_bytes``). A graph's shape does not depend on acceptance, so ``t_step`` measured at
@@ -389,7 +389,7 @@ def run_one(args) -> None:
 
 def step_floors(cfg, draft, batch: int, context: int, kv_dtype: str, num_steps: int, hbm_tbps: float) -> dict:
     """HBM floors (ms) of a plain decode step and of a spec step (verify with K + 1 rows per request +
-    the draft's passes), at TP1 bf16."""
+    the draft's passes), at TP1 bf16; ``*_experts``: the routed experts' part of each (random routing)."""
     import torch
     from sglang_m3.mem.layout import bytes_per_token, layout_for
     from sglang_m3.sizing import decode_step_bytes, draft_step_bytes, rank_weights
@@ -397,15 +397,18 @@ def step_floors(cfg, draft, batch: int, context: int, kv_dtype: str, num_steps: 
     layout = layout_for(kv_dtype, torch.bfloat16)
     kv = bytes_per_token(cfg, layout, (draft.num_kv_heads,))
     w = rank_weights(cfg)
-    decode = sum(decode_step_bytes(cfg, batch, context, kv, w).values())
-    verify = sum(decode_step_bytes(cfg, batch, context, kv, w, rows=num_steps + 1).values())
+    decode = decode_step_bytes(cfg, batch, context, kv, w)
+    verify = decode_step_bytes(cfg, batch, context, kv, w, rows=num_steps + 1)
     drafting = sum(draft_step_bytes(draft, batch, context, num_steps, kv["draft"]).values())
     ms = lambda b: b / (hbm_tbps * 1e12) * 1e3  # noqa: E731
     return {
-        "floor_decode": ms(decode),
-        "floor_verify": ms(verify),
+        "floor_decode": ms(sum(decode.values())),
+        "floor_verify": ms(sum(verify.values())),
         "floor_draft": ms(drafting),
-        "floor_step": ms(verify + drafting),
+        "floor_step": ms(sum(verify.values()) + drafting),
+        "floor_decode_experts": ms(decode["experts"]),
+        "floor_verify_experts": ms(verify["experts"]),
+        "floor_step_experts": ms(verify["experts"]),
     }
 
 
@@ -457,12 +460,14 @@ def merge(records: list[dict], cuts: list[tuple[int, int]], labels: list[str]) -
                 row["t_draft"] = ph.get("draft_chain", 0.0) + ph["draft_catch_up"]
                 row["t_draft_chain"], row["t_draft_catch_up"] = ph.get("draft_chain"), ph["draft_catch_up"]
                 row["t_eager_gpu"] = ph.get("eager_gpu")
+                row["moe_verify"] = ph["verify_parts"].get("moe", 0.0)
                 if row["t_step"] is not None:
                     row["overhead"] = row["t_step"] - row["t_verify"] - row["t_draft"]
             else:
                 row["t_verify"] = row["t_draft"] = row["overhead"] = None
             if dph:
                 row["t_decode_graph"] = dph["decode"]
+                row["moe_decode"] = dph["decode_parts"].get("moe", 0.0)
             errors = [r["error"] for (m, k), r in got.items() if k == "error"]
             if errors:
                 row["errors"] = errors
@@ -470,55 +475,86 @@ def merge(records: list[dict], cuts: list[tuple[int, int]], labels: list[str]) -
     return rows
 
 
+PHASE_MOE = {"t_decode": "moe_decode", "t_step": "moe_verify", "t_verify": "moe_verify"}  # the phase's MoE ms
+
+
+def first_cut_projection(t0: float, moe0: float | None, f0: dict, fd: dict, fs: dict, cut0, cuts) -> dict:
+    """Times at other ``(dense, sparse)`` layer counts from one cut's time ``t0``: each MoE layer costs the
+    cut's measured MoE time per MoE layer (``moe0``: the routing its weights actually make), the rest of
+    ``t0`` scales with the non-expert floor bytes (``f0`` / ``fd`` / ``fs``: ``{"all", "experts"}`` of the
+    cut, of the cut with one more dense layer, and with one more sparse MoE layer). Without ``moe0`` (no
+    trace) everything scales with the floor's bytes, experts at random routing included."""
+    d0, s0 = cut0
+    if moe0 is None:
+        rest, per_moe, ne = t0, 0.0, lambda f: f["all"]
+    else:
+        rest, per_moe, ne = t0 - moe0, moe0 / s0, lambda f: f["all"] - f["experts"]
+    per_dense = rest * (ne(fd) - ne(f0)) / ne(f0)
+    per_sparse = per_moe + rest * (ne(fs) - ne(f0)) / ne(f0)
+    costs = {
+        "fixed": t0 - d0 * per_dense - s0 * per_sparse,
+        "per_dense": per_dense,
+        "per_sparse": per_sparse,
+        "per_sparse_moe": per_moe,
+        "how": "MoE per layer from the first cut's trace, the rest by non-expert floor bytes"
+        if moe0 is not None
+        else "everything by floor bytes (no trace)",
+    }
+    return dict(costs, at={f"{d}+{s}": project(costs, d, s) for d, s in cuts})
+
+
 def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) -> dict:
-    """Per batch: per-layer costs of t_decode / t_step (/ t_verify), the released-layer projection, the
-    byte-scaled check of every other cut from the first, and projected speed-ups beside the floors'."""
+    """Per batch and time (t_decode, t_step, t_verify): the projection from the first cut alone
+    (``first_cut_projection``) to the released layer counts, checked against every other cut's
+    measurement; a least-squares fit over all cuts beside it; projected speed-ups (from the first
+    cut's projection) beside the floors'."""
     from sglang_m3.config import M3Config
 
     out = {}
     D, S = len(released.dense_layer_ids), len(released.sparse_layer_ids)
     draft = next(iter(drafts.values()))
+
+    def floors(dense, sparse, b, tbps=args.hbm_tbps):
+        cfg = released if (dense, sparse) == (D, S) else M3Config.from_hf(scaled.cut_config(dense, sparse))
+        return step_floors(cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, tbps)
+
     for b in sorted({r["batch"] for r in rows}):
         mine = [r for r in rows if r["batch"] == b]
-        floors = {}
         for r in mine:
-            cfg = M3Config.from_hf(scaled.cut_config(r["dense"], r["sparse"]))
-            floors[r["cut"]] = f = step_floors(
-                cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps
-            )
-            r.update({k: round(v, 4) for k, v in f.items()})
-        ref_cfg = M3Config.from_hf(scaled.cut_config(mine[0]["dense"], mine[0]["sparse"]))
-        more_dense = M3Config.from_hf(scaled.cut_config(mine[0]["dense"] + 1, mine[0]["sparse"]))
-        more_sparse = M3Config.from_hf(scaled.cut_config(mine[0]["dense"], mine[0]["sparse"] + 1))
-        full = step_floors(released, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, args.hbm_tbps)
+            r.update({k: round(v, 4) for k, v in floors(r["dense"], r["sparse"], b).items()})
+        d0, s0 = mine[0]["dense"], mine[0]["sparse"]
+        byte_floors = {cut: floors(*cut, b, 1.0) for cut in ((d0, s0), (d0 + 1, s0), (d0, s0 + 1))}
+        full = floors(D, S, b)
         entry = {"released_layers": {"dense": D, "sparse": S}, "floors_released": full}
-        for key, fkey in (("t_decode", "floor_decode"), ("t_step", "floor_step"), ("t_verify", "floor_verify")):
-            pts = [(r["dense"], r["sparse"], r[key]) for r in mine if r.get(key) is not None]
-            if len({p[1] for p in pts}) < 2:
+        for key in ("t_decode", "t_step", "t_verify"):
+            r0 = mine[0]
+            if r0.get(key) is None:
                 continue
-            f0 = step_floors(ref_cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
-            fd = step_floors(more_dense, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
-            fs = step_floors(more_sparse, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, 1.0)[fkey]
-            costs = layer_costs(pts, (fd - f0) / (fs - f0))
-            e = dict(costs, projected_released=project(costs, D, S))
-            # The check: the first cut alone, per-layer costs = its time x each layer's share of its floor bytes.
-            d0, s0, t0 = pts[0]
-            scale = t0 / f0
-            checks = []
-            for d1, s1, t1 in pts[1:]:
-                pred = t0 + ((d1 - d0) * (fd - f0) + (s1 - s0) * (fs - f0)) * scale
-                checks.append(dict(cut=f"{d1}+{s1}", measured=t1, predicted=pred, error=pred / t1 - 1))
-            e["bytes_scaled_check"] = checks
-            e["released_from_bytes_scaled"] = t0 + ((D - d0) * (fd - f0) + (S - s0) * (fs - f0)) * scale
-            if len(pts) >= 3:  # the first two cuts' fit predicting the rest
-                two = layer_costs(pts[:2], (fd - f0) / (fs - f0))
-                e["holdout_check"] = [
-                    dict(cut=f"{d}+{s}", measured=t, predicted=project(two, d, s), error=project(two, d, s) / t - 1)
-                    for d, s, t in pts[2:]
-                ]
+            fkey = "floor_" + key[2:]
+            f0, fd, fs = (
+                {"all": byte_floors[c][fkey], "experts": byte_floors[c][fkey + "_experts"]}
+                for c in ((d0, s0), (d0 + 1, s0), (d0, s0 + 1))
+            )
+            others = [(r["dense"], r["sparse"], r[key]) for r in mine[1:] if r.get(key) is not None]
+            proj = first_cut_projection(
+                r0[key], r0.get(PHASE_MOE[key]), f0, fd, fs, (d0, s0), [(D, S)] + [(d, s) for d, s, _ in others]
+            )
+            at = proj["at"]
+            e = {
+                "from_first_cut": dict(proj, cut=f"{d0}+{s0}", released=at[f"{D}+{S}"]),
+                "check": [
+                    dict(cut=f"{d}+{s}", measured=t, predicted=at[f"{d}+{s}"], error=at[f"{d}+{s}"] / t - 1)
+                    for d, s, t in others
+                ],
+            }
+            pts = [(r0["dense"], r0["sparse"], r0[key])] + others
+            if len({p[1] for p in pts}) > 1:
+                ratio = (fd["all"] - f0["all"]) / (fs["all"] - f0["all"])
+                fit = layer_costs(pts, ratio)
+                e["fit_over_cuts"] = dict(fit, released=project(fit, D, S))
             entry[key] = e
         if "t_decode" in entry and "t_step" in entry:
-            td, ts = entry["t_decode"]["projected_released"], entry["t_step"]["projected_released"]
+            td, ts = (entry[k]["from_first_cut"]["released"] for k in ("t_decode", "t_step"))
             entry["speedup_projected_released"] = speedups(td, ts, accept_lengths)
             entry["speedup_floor_released"] = speedups(full["floor_decode"], full["floor_step"], accept_lengths)
         for r in mine:
@@ -592,6 +628,7 @@ def main(argv=None) -> dict:
             shutil.rmtree(model_dir, ignore_errors=True)
         if not args.draft_path:
             shutil.rmtree(draft_dir, ignore_errors=True)
+    _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_lengths, failed)  # kept engines too
     summary = json.loads(out.read_text())
     print(f"wrote {out}")
     for f in failed:
@@ -605,6 +642,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
     from sglang_m3.config import M3Config
 
     rows = merge(records, cuts, labels)
+    resumed = json.loads(pathlib.Path(args.resume).read_text()) if args.resume else None
     summary = dict(
         benchmark="spec_phases",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -621,6 +659,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         ]
         + ([] if args.device == "cuda" else [NEED_CUDA]),
         errors=failed,
+        resumed_from={k: resumed.get(k) for k in ("date", "command", "resumed_from")} if resumed else None,
         records=rows,
         raw=records,
     )

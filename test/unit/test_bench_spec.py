@@ -68,6 +68,22 @@ def test_projection(bench):
     assert bench["project"](costs, 3, 57) == pytest.approx(10.0 - 1 - 6 + 3 + 114)
 
 
+def test_first_cut_projection(bench):
+    """A cut of 1 dense + 3 sparse layers measured at 10 ms, 3 of them MoE time: each MoE layer costs its
+    measured 1 ms, the other 7 ms scale with the non-expert bytes (fixed 50 + dense 20 + 10 per sparse layer
+    = 100 units, experts apart). Without a trace, the experts' floor bytes scale too."""
+    f0 = {"all": 130.0, "experts": 30.0}
+    fd = {"all": 150.0, "experts": 30.0}  # one more dense layer: +20 non-expert units
+    fs = {"all": 150.0, "experts": 40.0}  # one more sparse layer: +10 non-expert units, +10 expert units
+    p = bench["first_cut_projection"](10.0, 3.0, f0, fd, fs, (1, 3), [(3, 57), (1, 7)])
+    assert p["per_sparse_moe"] == pytest.approx(1.0) and p["per_sparse"] == pytest.approx(1.0 + 0.7)
+    assert p["per_dense"] == pytest.approx(1.4) and p["fixed"] == pytest.approx(10.0 - 1.4 - 3 * 1.7)
+    assert p["at"]["1+7"] == pytest.approx(10.0 + 4 * 1.7)
+    assert p["at"]["3+57"] == pytest.approx(10.0 + 2 * 1.4 + 54 * 1.7)
+    bytes_only = bench["first_cut_projection"](10.0, None, f0, fd, fs, (1, 3), [(1, 7)])
+    assert bytes_only["at"]["1+7"] == pytest.approx(10.0 * (130.0 + 4 * 20.0) / 130.0)
+
+
 def test_full_batch_steps_from_final_verify_count(bench):
     # Two requests streaming 2 tokens per step (AL 2); the counts arrive only with the final chunk,
     # and request 1's chunks coalesce (one chunk per two steps) in the middle.
