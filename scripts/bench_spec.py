@@ -507,12 +507,22 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
     """Per batch and time (t_decode, t_step, t_verify): the projection from the first cut alone
     (``first_cut_projection``) to the released layer counts, checked against every other cut's
     measurement; a least-squares fit over all cuts beside it; projected speed-ups (from the first
-    cut's projection) beside the floors'."""
+    cut's projection) beside the floors'.
+
+    Dummy weights do not route at random (the dummy draft's tokens repeat, and so do their experts),
+    so ``random_routing`` projects again with each phase's MoE time replaced by the experts random
+    routing touches (``sizing.experts_touched``) times one expert's measured time: the first cut's
+    batch-1 decode MoE time over its MoE layers x top-k (one row reads exactly top-k experts)."""
     from sglang_m3.config import M3Config
+    from sglang_m3.sizing import experts_touched
 
     out = {}
     D, S = len(released.dense_layer_ids), len(released.sparse_layer_ids)
     draft = next(iter(drafts.values()))
+    cut0 = M3Config.from_hf(scaled.cut_config(rows[0]["dense"], rows[0]["sparse"]))
+    moe_layers0 = sum(cut0.moe_layers)
+    one_row = next((r for r in rows if r["cut"] == rows[0]["cut"] and r["batch"] == 1 and r.get("moe_decode")), None)
+    per_expert = one_row["moe_decode"] / (moe_layers0 * cut0.top_k) if one_row else None
 
     def floors(dense, sparse, b, tbps=args.hbm_tbps):
         cfg = released if (dense, sparse) == (D, S) else M3Config.from_hf(scaled.cut_config(dense, sparse))
@@ -547,6 +557,12 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
                     for d, s, t in others
                 ],
             }
+            if per_expert is not None and r0.get(PHASE_MOE[key]) is not None:
+                rows_per_req = 1 if key == "t_decode" else args.num_steps + 1
+                moe = moe_layers0 * experts_touched(cut0.num_experts, cut0.top_k, b * rows_per_req) * per_expert
+                t_random = r0[key] - r0[PHASE_MOE[key]] + moe
+                rnd = first_cut_projection(t_random, moe, f0, fd, fs, (d0, s0), [(D, S)])
+                e["random_routing"] = dict(cut_time=t_random, per_expert=per_expert, released=rnd["at"][f"{D}+{S}"])
             pts = [(r0["dense"], r0["sparse"], r0[key])] + others
             if len({p[1] for p in pts}) > 1:
                 ratio = (fd["all"] - f0["all"]) / (fs["all"] - f0["all"])
@@ -556,6 +572,9 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
         if "t_decode" in entry and "t_step" in entry:
             td, ts = (entry[k]["from_first_cut"]["released"] for k in ("t_decode", "t_step"))
             entry["speedup_projected_released"] = speedups(td, ts, accept_lengths)
+            if "random_routing" in entry["t_decode"] and "random_routing" in entry["t_step"]:
+                td, ts = (entry[k]["random_routing"]["released"] for k in ("t_decode", "t_step"))
+                entry["speedup_projected_released_random_routing"] = speedups(td, ts, accept_lengths)
             entry["speedup_floor_released"] = speedups(full["floor_decode"], full["floor_step"], accept_lengths)
         for r in mine:
             if r.get("t_decode") and r.get("t_step"):

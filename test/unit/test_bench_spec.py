@@ -84,6 +84,50 @@ def test_first_cut_projection(bench):
     assert bytes_only["at"]["1+7"] == pytest.approx(10.0 * (130.0 + 4 * 20.0) / 130.0)
 
 
+def test_projections_with_random_routing(bench):
+    """Batch 1: one decode row reads exactly top-k experts, so the random-routing decode projection is the
+    measured one; the verify's 4 rows touch ~15 experts at random, more than a measured 2.5x of one row's."""
+    import argparse
+    import json
+
+    released = M3Config.from_hf(json.loads(bench["scaled"].RELEASED.read_text()))
+    draft = DraftConfig.from_dict(bench["real_width_draft_config"](bench["scaled"].cut_config(1, 3)))
+    rows = [
+        dict(
+            cut="1+3",
+            dense=1,
+            sparse=3,
+            batch=1,
+            t_decode=1.8,
+            t_step=5.4,
+            t_verify=2.3,
+            moe_decode=0.36,
+            moe_verify=0.9,
+        ),
+        dict(
+            cut="1+7",
+            dense=1,
+            sparse=7,
+            batch=1,
+            t_decode=2.8,
+            t_step=6.9,
+            t_verify=4.0,
+            moe_decode=0.84,
+            moe_verify=1.8,
+        ),
+    ]
+    args = argparse.Namespace(input_len=8192, kv_cache_dtype="auto", num_steps=3, hbm_tbps=4.3)
+    out = bench["projections"](rows, args, released, {"1+3": draft}, [3.0])["1"]
+    dec, step = out["t_decode"], out["t_step"]
+    assert dec["random_routing"]["released"] == pytest.approx(dec["from_first_cut"]["released"])
+    assert dec["random_routing"]["per_expert"] == pytest.approx(0.36 / 12)
+    per_layer = 0.36 / 12 * 128 * (1 - (1 - 4 / 128) ** 4)  # random routing: ~15.1 experts a layer
+    grow = 57 * (per_layer - 0.9 / 3)  # 57 MoE layers, each dearer than measured
+    assert step["random_routing"]["released"] == pytest.approx(step["from_first_cut"]["released"] + grow, rel=1e-6)
+    assert out["speedup_projected_released_random_routing"]["3"] < out["speedup_projected_released"]["3"]
+    assert dec["check"][0]["cut"] == "1+7" and abs(dec["check"][0]["error"]) < 0.1
+
+
 def test_full_batch_steps_from_final_verify_count(bench):
     # Two requests streaming 2 tokens per step (AL 2); the counts arrive only with the final chunk,
     # and request 1's chunks coalesce (one chunk per two steps) in the middle.
