@@ -4,7 +4,7 @@ equal to one rank's (fp32 model and KV, DESIGN section 5).
 * ``m3-tiny-gqa`` (2 KV groups): at TP2 each rank holds one KV group with its own index head;
   BF16-free fp32 KV and FP8 KV; ``--ep-size 2``: each rank holds half the experts.
 * ``m3-tiny`` (1 KV group) with its EAGLE3 draft: at TP2 the one KV head (and index head) is
-  replicated on both ranks, the draft's 2 KV heads split.
+  replicated on both ranks, the draft's 2 KV heads split; with FP8 KV and ``--ep-size 2`` too.
 
 SGLang binds each CPU rank to cores through ``SGLANG_CPU_OMP_THREADS_BIND`` when TP exceeds the
 NUMA nodes; the fixture gives each rank one core.
@@ -62,3 +62,9 @@ def test_tp2_replicated_kv_head_with_eagle3_equals_tp1(tiny_vl, tiny_draft, prom
     want = _greedy(tiny_vl, prompts)
     spec = dict(SPEC_ARGS, speculative_draft_model_path=str(tiny_draft))
     assert _greedy(tiny_vl, prompts, tp_size=2, **spec) == want
+
+
+def test_tp2_ep2_with_eagle3_and_fp8_kv_equals_tp1(tiny_vl, tiny_draft, prompts):
+    want = _greedy(tiny_vl, prompts, kv_cache_dtype="fp8_e4m3")
+    spec = dict(SPEC_ARGS, speculative_draft_model_path=str(tiny_draft))
+    assert _greedy(tiny_vl, prompts, tp_size=2, ep_size=2, kv_cache_dtype="fp8_e4m3", **spec) == want
