@@ -67,6 +67,10 @@ architecture name inside these functions):
   pending result first, as it does for grammars without a grammar barrier. SGLang's rule
   (``ScheduleBatch.grammar_needs_sync``) is about grammars only and has no per-worker hook;
   without this, greedy penalty requests under overlap differ from plain decoding.
+* ``fused_moe_triton_config.get_moe_configs`` (AROUND): the fused MoE's tile configs
+  tuned for M3's expert shapes (``moe_configs/``, written by ``scripts/tune_moe.py`` in
+  SGLang's format and file names) come first; any shape we have none for gets SGLang's.
+  SGLang's only knob, ``SGLANG_MOE_CONFIG_DIR``, replaces its whole config directory.
 * ``ModelConfig.__init__`` (AFTER): M3 is served text-only (vision weights are
   skipped). SGLang marks every config with a text sub-config multimodal and
   would load an image processor; its only opt-out list is local to __init__.
@@ -85,6 +89,7 @@ needs on CPU (SGLang's CPU rule that turns it off, the ``FutureMap`` relay's gat
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from . import sglang_compat as compat
@@ -154,6 +159,7 @@ def _hooks() -> list:
         (compat.VALIDATE_ONE_REQUEST, _admit_speculative, HookType.BEFORE),
         (compat.SCHEDULER_GET_INTERNAL_STATE, _eagle3_state, HookType.AFTER),
         (compat.SCHEDULER_DISABLE_OVERLAP_FOR_BATCH, _sync_step_if_needed, HookType.AROUND),
+        (compat.GET_MOE_CONFIGS, _tuned_moe_configs, HookType.AROUND),
         (compat.MODEL_CONFIG_INIT, _text_only, HookType.AFTER),
     ]
     if not torch.cuda.is_available():
@@ -279,6 +285,29 @@ def _sync_step_if_needed(original, self, batch, *args, **kwargs):
     # Only with a result still pending (what the scheduler then processes first), as SGLang's grammar rule.
     pending = len(getattr(self, "result_queue", ()))
     return bool(batch) and pending > 0 and callable(needs_sync) and needs_sync(batch)
+
+
+def _tuned_moe_configs(original, E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
+    from sglang.srt.runtime_context import get_exec
+
+    ours = None
+    if not get_exec().deterministic.enable_deterministic_inference:  # SGLang's own rule: defaults only then
+        ours = _moe_configs_for(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)
+    return ours if ours is not None else original(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)
+
+
+@functools.lru_cache(maxsize=None)
+def _moe_configs_for(E, N, dtype, block_n, block_k, per_channel_quant, down_moe):
+    import triton
+    from sglang.srt.layers.moe.moe_runner.triton_utils import get_config_file_name
+
+    from . import moe_configs
+
+    name = get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant, down_moe)
+    found = moe_configs.lookup(name, triton.__version__)
+    if found is not None:
+        logger.info("sglang-m3: fused MoE configs tuned for M3: %s", moe_configs.config_path(name, triton.__version__))
+    return found
 
 
 def _kv4_check(original, self):

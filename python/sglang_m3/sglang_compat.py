@@ -56,6 +56,7 @@ MODEL_CONFIG_INIT = "sglang.srt.configs.model_config.ModelConfig.__init__"
 VALIDATE_ONE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 SCHEDULER_GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 SCHEDULER_DISABLE_OVERLAP_FOR_BATCH = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
+GET_MOE_CONFIGS = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.get_moe_configs"
 # CPU only (registered when torch.cuda.is_available() is False; cpu_hooks.py)
 PAGED_ALLOC_EXTEND = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend"
 PAGED_ALLOC_DECODE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode"

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Tile configs of SGLang's Triton fused MoE for MiniMax-M3's routed experts, chosen by timing on this GPU.
+
+SGLang 0.5.17 ships no config for M3's expert shape (128 experts, hidden 6144, intermediate 3072 at TP1:
+``E=128,N=3072``), so its fused MoE runs a default tile config. This script times candidate configs with
+SGLang's own kernel (``fused_experts`` under ``override_config``, M3's SwiGLU-OAI gate: alpha 1.702,
+limit 7, gate / up not interleaved, routed scaling 2.0) on random weights and uniformly random top-4
+routing, and writes the fastest per token count in SGLang's format and file name
+(``python/sglang_m3/moe_configs/triton_<version>/E=..,N=..,device_name=...json``), which ``plugin.py``
+hands SGLang ahead of its own directory.
+
+Candidates: the ``--candidates`` configs SGLang itself ships most often for Hopper (H100 / H200 / H800 /
+H20 files of the same dtype), plus SGLang's default for each token count. Each config is compiled and
+timed at every ``--batches`` token count: ``--reps`` calls (fewer above 512 tokens) captured in one CUDA graph,
+replayed ``--iters`` times, the median replay over the calls (graphs as decode runs them, no launch gaps).
+
+    python3 scripts/tune_moe.py                      # BF16 experts, TP1
+    python3 scripts/tune_moe.py --dtype fp8_w8a8     # --quantization fp8 (per-tensor fp8 weights)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import pathlib
+import statistics
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+DECODE_AND_PREFILL = "1,2,4,8,16,24,32,48,64,96,128,256,512,1024,2048,4096,8192"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="an M3 config.json (default: the released one)")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--ep-size", type=int, default=1)
+    p.add_argument("--dtype", choices=("bf16", "fp8_w8a8"), default="bf16")
+    p.add_argument("--batches", default=DECODE_AND_PREFILL, help="token counts M to tune for")
+    p.add_argument("--candidates", type=int, default=40)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out-dir", default=str(REPO / "python" / "sglang_m3" / "moe_configs"))
+    p.add_argument("--report", default="bench_results/tune_moe.json")
+    return p.parse_args(argv)
+
+
+def expert_shape(cfg, tp_size: int, ep_size: int) -> tuple[int, int, int]:
+    """(local experts E, intermediate per rank N, hidden K) of one rank's FusedMoE (``parallel.py``)."""
+    return cfg.num_experts // ep_size, cfg.moe_intermediate_size // (tp_size // ep_size), cfg.hidden_size
+
+
+def shipped_candidates(config_root: str, dtype: str | None, limit: int) -> list[dict]:
+    """The ``limit`` configs that SGLang's Hopper files for ``dtype`` (None: unquantised) use most often."""
+    count = collections.Counter()
+    for path in glob.glob(os.path.join(config_root, "triton_*", "*.json")):
+        name = os.path.basename(path)
+        if not any(gpu in name for gpu in ("H100", "H200", "H800", "H20")) or "_down" in name:
+            continue
+        if "block_shape" in name or "per_channel" in name or ("dtype=" in name) != (dtype is not None):
+            continue
+        if dtype is not None and f"dtype={dtype}" not in name:
+            continue
+        for config in json.loads(pathlib.Path(path).read_text()).values():
+            if all(k in config for k in CONFIG_KEYS):  # older files leave num_warps / num_stages out
+                count[tuple(config[k] for k in CONFIG_KEYS)] += 1
+    return [dict(zip(CONFIG_KEYS, c)) for c, _ in count.most_common(limit)]
+
+
+def best_per_batch(timings: dict[int, dict[tuple, float]]) -> dict[str, dict]:
+    """SGLang's file format: ``{"M": config}`` with each token count's fastest config."""
+    out = {}
+    for m in sorted(timings):
+        fastest = min(timings[m], key=timings[m].get)
+        out[str(m)] = dict(zip(CONFIG_KEYS, fastest))
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+    import triton
+    from sglang.srt import runtime_context
+    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts, get_config_file_name, override_config
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as sgl_configs
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.server_args import ServerArgs
+    from sglang_m3.config import M3Config
+    from sglang_m3.moe_configs import config_path
+    from sglang_m3.tiny import default_checkpoint
+
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_moe.py times SGLang's Triton fused MoE: it needs a CUDA GPU")
+    # SGLang's MoE code reads its runtime settings (defaults here) from a published context.
+    runtime_context.publish(ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl"))), role="tune_moe")
+    path = pathlib.Path(args.config or REPO / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json")
+    cfg = M3Config.from_hf(json.loads(path.read_text()))
+    E, N, K = expert_shape(cfg, args.tp_size, args.ep_size)
+    fp8 = args.dtype == "fp8_w8a8"
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    w1 = torch.randn(E, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16) * 0.02
+    quant = {}
+    if fp8:  # per-tensor scale per expert, dynamic activation scales: what --quantization fp8 runs
+        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+        ones = torch.ones(E, device=dev, dtype=torch.float32)
+        quant = dict(use_fp8_w8a8=True, w1_scale=ones, w2_scale=ones.clone())
+    runner = MoeRunnerConfig(
+        num_experts=cfg.num_experts,
+        num_local_experts=E,
+        top_k=cfg.top_k,
+        activation="silu",
+        is_gated=True,
+        inplace=False,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+        gemm1_alpha=cfg.swiglu_alpha,
+        gemm1_clamp_limit=cfg.swiglu_limit,
+        gate_up_interleaved=False,
+    )
+    root = os.path.join(os.path.dirname(sgl_configs.__file__), "configs")
+    candidates = shipped_candidates(root, "fp8_w8a8" if fp8 else None, args.candidates)
+    batches = [int(x) for x in args.batches.split(",") if x]
+    timings: dict[int, dict[tuple, float]] = {}
+    failed: dict[tuple, str] = {}
+    defaults: dict[int, tuple] = {}  # SGLang's default config at each M
+    tic = time.perf_counter()
+    for m in batches:
+        x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
+        # uniformly random top-k of all experts; another EP rank's experts are -1 (skipped), as FusedMoE gives them
+        ids = torch.rand(m, cfg.num_experts, device=dev).topk(cfg.top_k, dim=-1).indices
+        ids = torch.where(ids < E, ids, torch.full_like(ids, -1)).to(torch.int32)
+        topk = StandardTopKOutput(torch.rand(m, cfg.top_k, device=dev), ids, None)
+        default = sgl_configs.get_default_config(m, E, N, K, cfg.top_k, "fp8_w8a8" if fp8 else None, False)
+        defaults[m] = tuple(default[k] for k in CONFIG_KEYS)
+        timings[m] = {}
+        reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
+        for config in candidates + [dict(zip(CONFIG_KEYS, defaults[m]))]:
+            key = tuple(config[k] for k in CONFIG_KEYS)
+            if key in failed or key in timings[m]:
+                continue
+            call = lambda: fused_experts(x, w1, w2, topk, runner, **quant)  # noqa: B023,E731
+            try:
+                with override_config(dict(config)):
+                    call()  # compile
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for _ in range(reps):
+                            call()
+                times = []
+                for _ in range(args.iters):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) / reps)
+                timings[m][key] = statistics.median(times)
+                del graph
+            except Exception as exc:  # noqa: BLE001 -- e.g. shared memory exceeded: the config is out
+                failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        best, dflt = min(timings[m].values()), timings[m].get(defaults[m], float("nan"))
+        print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us", flush=True)
+    table = best_per_batch(timings)
+    name = get_config_file_name(E, N, "fp8_w8a8" if fp8 else None)
+    out = config_path(name, triton.__version__, pathlib.Path(args.out_dir))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    report = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=torch.cuda.get_device_name(),
+        triton=triton.__version__,
+        shape=dict(E=E, N=N, K=K, top_k=cfg.top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size),
+        file=str(out),
+        seconds=time.perf_counter() - tic,
+        candidates=len(candidates),
+        failed=len(failed),
+        failures=sorted(set(failed.values()))[:5],
+        per_batch={
+            str(m): dict(
+                best_us=min(t.values()) * 1e3, default_us=t.get(defaults[m], float("nan")) * 1e3, config=table[str(m)]
+            )
+            for m, t in timings.items()
+        },
+    )
+    pathlib.Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.report).write_text(json.dumps(report, indent=1))
+    print(f"wrote {out} and {args.report}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

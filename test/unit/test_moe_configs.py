@@ -1,0 +1,66 @@
+"""Fused-MoE tile configs tuned for M3 (``moe_configs/``, ``scripts/tune_moe.py``) reach SGLang's lookup
+through the plugin's hook; shapes we have none for keep SGLang's choice."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import runpy
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TUNED = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+
+
+@pytest.fixture
+def sgl_configs(monkeypatch, tmp_path):
+    """SGLang's config module with the plugin registered, on an 'H200', our configs in ``tmp_path``."""
+    import triton
+    from sglang.srt import runtime_context
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as sgl_configs
+    from sglang.srt.server_args import ServerArgs
+    from sglang_m3 import moe_configs, plugin
+    from sglang_m3.tiny import default_checkpoint
+
+    plugin.register()
+    runtime_context.publish(ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl")), device="cpu"), role="test")
+    monkeypatch.setattr(sgl_configs, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(moe_configs, "ROOT", tmp_path)
+    plugin._moe_configs_for.cache_clear()
+    path = moe_configs.config_path(sgl_configs.get_config_file_name(128, 3072, None), triton.__version__)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"1": TUNED, "64": dict(TUNED, BLOCK_SIZE_M=64)}))
+    try:
+        yield sgl_configs
+    finally:
+        plugin._moe_configs_for.cache_clear()
+        runtime_context.reset_context()
+
+
+def test_tuned_config_for_m3_shape_wins(sgl_configs):
+    def pick(m):
+        return sgl_configs.try_get_optimal_moe_config((128, 6144, 6144), (128, 6144, 3072), 4, None, m)
+
+    assert pick(2) == TUNED and pick(50)["BLOCK_SIZE_M"] == 64  # nearest tuned token count, as SGLang picks
+
+
+def test_other_shapes_keep_sglangs_choice(sgl_configs):
+    got = sgl_configs.try_get_optimal_moe_config((128, 1024, 6144), (128, 6144, 512), 4, None, 2)
+    assert got == sgl_configs.get_default_config(2, 128, 512, 6144, 4, None, False)
+
+
+def test_tuner_candidates_and_table():
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as sgl_configs
+    from sglang_m3.config import M3Config
+
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    root = pathlib.Path(sgl_configs.__file__).parent / "configs"
+    for dtype in (None, "fp8_w8a8"):
+        got = tune["shipped_candidates"](str(root), dtype, 12)
+        assert len(got) == 12 and all(set(c) == set(tune["CONFIG_KEYS"]) for c in got)
+    cfg = M3Config.from_hf(json.loads((REPO / "python/sglang_m3/assets/minimax-m3-config.json").read_text()))
+    assert tune["expert_shape"](cfg, 1, 1) == (128, 3072, 6144)
+    assert tune["expert_shape"](cfg, 8, 2) == (64, 768, 6144)
+    slow, fast = (64, 64, 64, 1, 4, 3), (16, 32, 64, 1, 4, 3)
+    assert tune["best_per_batch"]({8: {slow: 2.0, fast: 1.0}}) == {"8": TUNED}
