@@ -92,29 +92,10 @@ def test_projections_with_random_routing(bench):
 
     released = M3Config.from_hf(json.loads(bench["scaled"].RELEASED.read_text()))
     draft = DraftConfig.from_dict(bench["real_width_draft_config"](bench["scaled"].cut_config(1, 3)))
+    keys = ("cut", "dense", "sparse", "batch", "t_decode", "t_step", "t_verify", "moe_decode", "moe_verify")
     rows = [
-        dict(
-            cut="1+3",
-            dense=1,
-            sparse=3,
-            batch=1,
-            t_decode=1.8,
-            t_step=5.4,
-            t_verify=2.3,
-            moe_decode=0.36,
-            moe_verify=0.9,
-        ),
-        dict(
-            cut="1+7",
-            dense=1,
-            sparse=7,
-            batch=1,
-            t_decode=2.8,
-            t_step=6.9,
-            t_verify=4.0,
-            moe_decode=0.84,
-            moe_verify=1.8,
-        ),
+        dict(zip(keys, ("1+3", 1, 3, 1, 1.8, 5.4, 2.3, 0.36, 0.9))),
+        dict(zip(keys, ("1+7", 1, 7, 1, 2.8, 6.9, 4.0, 0.84, 1.8))),
     ]
     args = argparse.Namespace(input_len=8192, kv_cache_dtype="auto", num_steps=3, hbm_tbps=4.3)
     out = bench["projections"](rows, args, released, {"1+3": draft}, [3.0])["1"]
