@@ -104,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--resume",
         default=None,
-        help="an earlier --out of the same command: its engines that measured are kept, only the others run",
+        help="an earlier --out of the same command: the (cut, mode, batch) it measured are kept, only the rest run",
     )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: LABEL:MODE in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -605,7 +605,7 @@ def main(argv=None) -> dict:
     records, drafts, draft_info, failed = [], {}, {}, []
     if args.resume:
         records = [r for r in json.loads(pathlib.Path(args.resume).read_text())["raw"] if r["kind"] != "error"]
-    measured = {(r["cut"], r["mode"]) for r in records if r["kind"] == "time"}
+    measured = {(r["cut"], r["mode"], r["batch"]) for r in records if r["kind"] == "time"}
     for (dense, sparse), label in zip(cuts, labels):
         if args.model_path:
             model_dir = pathlib.Path(args.model_path)
@@ -623,12 +623,14 @@ def main(argv=None) -> dict:
         )
         for mode in args.modes.split(","):
             one = f"{label}:{mode}"
-            if (label, mode) in measured:
+            todo = [b for b in scaled._ints(args.batches) if (label, mode, b) not in measured]
+            if not todo:
                 print(f"{one}: kept from {args.resume}", flush=True)
                 continue
             results = out.with_name(f"{out.stem}.{label}-{mode}.partial.jsonl")
             results.write_text("")
-            cmd = [sys.executable, __file__, *argv, "--one", one, "--model-dir", str(model_dir)]
+            cmd = [sys.executable, __file__, *argv, "--batches", ",".join(map(str, todo)), "--one", one]
+            cmd += ["--model-dir", str(model_dir)]
             cmd += ["--draft-dir", str(draft_dir), "--results", str(results)]
             proc = subprocess.run(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)

@@ -128,3 +128,8 @@ def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     # Random prompts: the tiny draft accepts little, but every step commits at least its bonus token.
     assert 1.0 <= row["accept_length_measured"] <= 4.0
     assert row["t_verify"] is None  # phases come from a GPU trace only
+    # --resume: batch 2 of both engines is kept from the first run, only batch 1 runs.
+    argv[argv.index("--batches") + 1] = "1,2"
+    again = _run_script("bench_spec.py", [*argv, "--resume", str(tmp_path / "spec.json")], tmp_path / "spec2.json")
+    assert [r["batch"] for r in again["records"]] == [1, 2] and again["records"][1] == row
+    assert again["resumed_from"]["command"] == result["command"]
