@@ -58,6 +58,8 @@ COMPONENTS = (
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impls", default="stock,ours", help="comma list of ours, stock, ours:fp8, stock:fp8")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--dense-layers", type=int, default=1)
     p.add_argument("--sparse-layers", type=int, default=3)
     p.add_argument("--batches", default="1,8,32,64")
@@ -228,6 +230,8 @@ def engine_base_args(args, load_format: str, tokens: int, batches: list[int], me
         load_format=load_format,
         device=args.device,
         dtype=args.dtype,
+        tp_size=args.tp_size,
+        ep_size=args.ep_size,
         disable_cuda_graph=args.device != "cuda",
         skip_tokenizer_init=True,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -314,19 +318,24 @@ def run_one(args) -> None:
 
 
 def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
-    """Add ``floor_ms`` (and ``vs_floor``) to every TPOT record of an unquantised or fp8 run."""
+    """Add ``floor_ms`` (and ``vs_floor``) to every TPOT record of an unquantised or fp8 run: the bytes one
+    rank must move at ``--tp-size`` / ``--ep-size`` (the ranks move theirs at once; the all-reduces are
+    not counted)."""
     import torch
     from sglang_m3.config import M3Config
     from sglang_m3.mem.layout import bytes_per_token, layout_for
+    from sglang_m3.parallel import rank_heads
     from sglang_m3.sizing import decode_step_bytes, rank_weights
 
     cfg = M3Config.from_hf(json.loads((model_dir / "config.json").read_text()))
-    kv = bytes_per_token(cfg, layout_for(args.kv_cache_dtype, torch.bfloat16))
+    kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, args.tp_size, 0).kv_heads
+    kv = bytes_per_token(cfg, layout_for(args.kv_cache_dtype, torch.bfloat16), kv_heads=kv_heads)
     for r in records:
         if r["kind"] != "tpot":
             continue
         quant = r["impl"].partition("+")[0].partition(":")[2] or None
-        parts = decode_step_bytes(cfg, r["batch"], r["context"], kv, rank_weights(cfg, quantization=quant))
+        weights = rank_weights(cfg, args.tp_size, args.ep_size, quantization=quant)
+        parts = decode_step_bytes(cfg, r["batch"], r["context"], kv, weights)
         r["floor_ms"] = sum(parts.values()) / (args.hbm_tbps * 1e12) * 1e3
         r["floor_parts_gb"] = {k: round(v / 1e9, 3) for k, v in parts.items()}
         r["vs_floor"] = r["ms"] / r["floor_ms"]
@@ -381,6 +390,8 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
         command="python3 scripts/bench_scaled.py " + " ".join(sys.argv[1:]),
         model=args.model_path
         or f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, dummy weights",
+        tp_size=args.tp_size,
+        ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,
         hbm_tbps=args.hbm_tbps,
         startup_lines=startup_lines,

@@ -82,6 +82,8 @@ NEED_CUDA = "phases need CUDA: t_verify / t_draft come from the graph launches o
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuts", default="1+3,1+7", help="comma list of DENSE+SPARSE layer cuts of the release")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=48)
@@ -387,19 +389,23 @@ def run_one(args) -> None:
 # -- floors, merging, projections --------------------------------------------------------------
 
 
-def step_floors(cfg, draft, batch: int, context: int, kv_dtype: str, num_steps: int, hbm_tbps: float) -> dict:
+def step_floors(cfg, draft, batch: int, context: int, kv_dtype: str, num_steps: int, hbm_tbps: float, tp=1, ep=1):
     """HBM floors (ms) of a plain decode step and of a spec step (verify with K + 1 rows per request +
-    the draft's passes), at TP1 bf16; ``*_experts``: the routed experts' part of each (random routing)."""
+    the draft's passes): the bytes one rank moves at ``tp`` / ``ep`` (bf16; all-reduces not counted);
+    ``*_experts``: the routed experts' part of each (random routing)."""
     import torch
     from sglang_m3.mem.layout import bytes_per_token, layout_for
+    from sglang_m3.parallel import rank_heads
     from sglang_m3.sizing import decode_step_bytes, draft_step_bytes, rank_weights
 
     layout = layout_for(kv_dtype, torch.bfloat16)
-    kv = bytes_per_token(cfg, layout, (draft.num_kv_heads,))
-    w = rank_weights(cfg)
+    kv_heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0).kv_heads
+    draft_kv_heads = rank_heads(draft.num_heads, draft.num_kv_heads, tp, 0).kv_heads
+    kv = bytes_per_token(cfg, layout, (draft_kv_heads,), kv_heads=kv_heads)
+    w = rank_weights(cfg, tp, ep)
     decode = decode_step_bytes(cfg, batch, context, kv, w)
     verify = decode_step_bytes(cfg, batch, context, kv, w, rows=num_steps + 1)
-    drafting = sum(draft_step_bytes(draft, batch, context, num_steps, kv["draft"]).values())
+    drafting = sum(draft_step_bytes(draft, batch, context, num_steps, kv["draft"], tp=tp).values())
     ms = lambda b: b / (hbm_tbps * 1e12) * 1e3  # noqa: E731
     return {
         "floor_decode": ms(sum(decode.values())),
@@ -526,7 +532,9 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
 
     def floors(dense, sparse, b, tbps=args.hbm_tbps):
         cfg = released if (dense, sparse) == (D, S) else M3Config.from_hf(scaled.cut_config(dense, sparse))
-        return step_floors(cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, tbps)
+        return step_floors(
+            cfg, draft, b, args.input_len, args.kv_cache_dtype, args.num_steps, tbps, args.tp_size, args.ep_size
+        )
 
     for b in sorted({r["batch"] for r in rows}):
         mine = [r for r in rows if r["batch"] == b]
@@ -614,7 +622,7 @@ def main(argv=None) -> dict:
         draft_dir = pathlib.Path(args.draft_path) if args.draft_path else make_draft_dir(model_dir, args)
         target = M3Config.from_hf(json.loads((model_dir / "config.json").read_text()))
         drafts[label] = draft = DraftConfig.from_path(str(draft_dir), target)
-        w = draft_weight_bytes(draft, own_embed=True)
+        w = draft_weight_bytes(draft, own_embed=True, tp=args.tp_size)
         draft_info[label] = dict(
             path=str(draft_dir) if args.draft_path else "generated (temp dir)",
             config=json.loads((draft_dir / "config.json").read_text()),
@@ -671,6 +679,8 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         model=args.model_path or "released M3 config cut to DENSE+SPARSE layers, dummy weights",
         spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
         input_len=args.input_len,
+        tp_size=args.tp_size,
+        ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,
         hbm_tbps=args.hbm_tbps,
         draft=draft_info,

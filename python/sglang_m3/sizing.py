@@ -117,29 +117,41 @@ def decode_step_bytes(
     }
 
 
-def draft_weight_bytes(draft: DraftConfig, dtype_bytes: int = 2, own_embed: bool = False) -> dict[str, int]:
-    """Bytes of an EAGLE3 draft's weights by part (TP1): its decoder layer (q/k/v over ``2H``, o, gate/up/down),
-    ``fc`` over the captured states, its lm_head, and (``own_embed``: as the public M3 drafts ship it) an
-    embedding of ``vocab_size`` rows, which sglang-m3 does not load (the target's is shared). Norms left out."""
+def draft_weight_bytes(
+    draft: DraftConfig, dtype_bytes: int = 2, own_embed: bool = False, tp: int = 1
+) -> dict[str, int]:
+    """Bytes of one rank's EAGLE3 draft weights by part at ``--tp-size tp``: its decoder layer (q/k/v over
+    ``2H``, o, gate/up/down; heads split as the target's, KV heads replicated where TP exceeds them), ``fc``
+    over the captured states (replicated), its lm_head (vocabulary-parallel), and (``own_embed``: as the
+    public M3 drafts ship it) an embedding of ``vocab_size`` rows, which sglang-m3 does not load (the
+    target's is shared). Norms left out."""
     h, hd, b = draft.hidden_size, draft.head_dim, dtype_bytes
-    q, kv = draft.num_heads * hd, draft.num_kv_heads * hd
+    heads = rank_heads(draft.num_heads, draft.num_kv_heads, tp, 0)
+    q, kv = heads.q_heads * hd, heads.kv_heads * hd
     n_aux = len(draft.aux_layer_ids or (0, 0, 0))
     return {
-        "layer": (2 * h * (q + 2 * kv) + q * h + 3 * h * draft.intermediate_size) * b,
+        "layer": (2 * h * (q + 2 * kv) + q * h + 3 * h * draft.intermediate_size // tp) * b,
         "fc": n_aux * h * h * b,
-        "head": draft.draft_vocab_size * h * b,
-        "embed": draft.vocab_size * h * b if own_embed else 0,
+        "head": draft.draft_vocab_size // tp * h * b,
+        "embed": draft.vocab_size // tp * h * b if own_embed else 0,
     }
 
 
 def draft_step_bytes(
-    draft: DraftConfig, batch: int, context: int, num_steps: int, kv_bytes_per_token: int, dtype_bytes: int = 2
+    draft: DraftConfig,
+    batch: int,
+    context: int,
+    num_steps: int,
+    kv_bytes_per_token: int,
+    dtype_bytes: int = 2,
+    tp: int = 1,
 ) -> dict[str, float]:
-    """Bytes the draft's passes of one EAGLE3 chain step move (``num_steps`` = K): K - 1 chain decodes on the
-    draft's own H-wide state and one catch-up over the K + 1 verified rows (the only pass through ``fc``),
-    each reading the layer, the lm_head and every request's ``context`` tokens of draft KV
-    (``kv_bytes_per_token``: ``bytes_per_token(...)["draft"]``). The embedding reads B rows only: left out."""
-    w = draft_weight_bytes(draft, dtype_bytes)
+    """Bytes the draft's passes of one EAGLE3 chain step move on one rank (``num_steps`` = K): K - 1 chain
+    decodes on the draft's own H-wide state and one catch-up over the K + 1 verified rows (the only pass
+    through ``fc``), each reading the layer, the lm_head and every request's ``context`` tokens of draft KV
+    (``kv_bytes_per_token``: the rank's ``bytes_per_token(...)["draft"]``). The embedding reads B rows only:
+    left out."""
+    w = draft_weight_bytes(draft, dtype_bytes, tp=tp)
     return {
         "draft_weights": float(num_steps * (w["layer"] + w["head"]) + w["fc"]),
         "draft_kv": float(num_steps * batch * context * kv_bytes_per_token),

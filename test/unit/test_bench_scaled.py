@@ -33,11 +33,26 @@ def test_floors_of_the_four_layer_cut(bench, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(bench["cut_config"](1, 3)))
     records = [dict(impl="ours", kind="tpot", batch=b, context=8192, ms=10.0) for b in (1, 8, 32)]
     records.append(dict(impl="ours:fp8", kind="tpot", batch=1, context=8192, ms=1.0))
-    bench["floors"](argparse.Namespace(kv_cache_dtype="auto", hbm_tbps=4.3), tmp_path, records)
+    bench["floors"](argparse.Namespace(kv_cache_dtype="auto", hbm_tbps=4.3, tp_size=1, ep_size=1), tmp_path, records)
     floors = [r["floor_ms"] for r in records]
     assert floors[:3] == pytest.approx([1.29, 3.30, 7.68], rel=0.02)
     assert floors[1] < floors[2] and records[0]["vs_floor"] == pytest.approx(10.0 / floors[0])
     assert 0.6 < floors[3] / floors[0] < 0.8  # fp8 halves the projections, not the head
+
+
+def test_floors_per_rank_under_tp_and_ep(bench, tmp_path):
+    """At TP8 a rank moves an eighth of the weights (its KV head, the shared index-K and the fp32 router
+    whole), so its batch-1 floor is a little over an eighth of TP1's; EP splits the same experts otherwise."""
+    (tmp_path / "config.json").write_text(json.dumps(bench["cut_config"](1, 3)))
+
+    def floor(tp, ep):
+        records = [dict(impl="ours", kind="tpot", batch=1, context=8192, ms=1.0)]
+        args = argparse.Namespace(kv_cache_dtype="auto", hbm_tbps=4.3, tp_size=tp, ep_size=ep)
+        bench["floors"](args, tmp_path, records)
+        return records[0]["floor_ms"]
+
+    assert 1 / 8 < floor(8, 1) / floor(1, 1) < 1 / 7
+    assert floor(8, 8) == pytest.approx(floor(8, 1), rel=0.01)  # expected experts touched per rank alike
 
 
 def test_trace_reduction(bench, tmp_path):

@@ -97,7 +97,7 @@ def test_projections_with_random_routing(bench):
         dict(zip(keys, ("1+3", 1, 3, 1, 1.8, 5.4, 2.3, 0.36, 0.9))),
         dict(zip(keys, ("1+7", 1, 7, 1, 2.8, 6.9, 4.0, 0.84, 1.8))),
     ]
-    args = argparse.Namespace(input_len=8192, kv_cache_dtype="auto", num_steps=3, hbm_tbps=4.3)
+    args = argparse.Namespace(input_len=8192, kv_cache_dtype="auto", num_steps=3, hbm_tbps=4.3, tp_size=1, ep_size=1)
     out = bench["projections"](rows, args, released, {"1+3": draft}, [3.0])["1"]
     dec, step = out["t_decode"], out["t_step"]
     assert dec["random_routing"]["released"] == pytest.approx(dec["from_first_cut"]["released"])

@@ -94,3 +94,22 @@ def test_readme_capacity_table_is_what_the_cli_prints(capsys):
     table = capsys.readouterr().out.strip()
     assert table.count("\n") == 3 and "| TP8 bf16 | 99.6 GiB |" in table
     assert table in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_draft_shards_like_the_target(released, tp):
+    """A 4-KV-head real-width draft (``scripts/bench_spec.py``'s) at TP: heads, MLP and head split; its
+    KV heads replicated past TP4 (one per rank at TP8, as the target's); ``fc`` on every rank."""
+    import runpy
+
+    from sglang_m3.config import DraftConfig
+    from sglang_m3.sizing import draft_weight_bytes
+
+    bench = runpy.run_path(str(ROOT / "scripts" / "bench_spec.py"), run_name="bench_spec")
+    draft = DraftConfig.from_dict(bench["real_width_draft_config"](json.loads(RELEASED.read_text())))
+    one, rank = draft_weight_bytes(draft, own_embed=True), draft_weight_bytes(draft, own_embed=True, tp=tp)
+    assert rank["fc"] == one["fc"] and rank["head"] * tp == one["head"] and rank["embed"] * tp == one["embed"]
+    h, hd = draft.hidden_size, draft.head_dim
+    kv_rank = max(draft.num_kv_heads // tp, 1)
+    qkv_o = 2 * h * (draft.num_heads // tp + 2 * kv_rank) * hd + draft.num_heads // tp * hd * h
+    assert rank["layer"] == (qkv_o + 3 * h * draft.intermediate_size // tp) * 2
