@@ -3,7 +3,8 @@
 
 The released config.json cut to ``--dense-layers`` dense + ``--sparse-layers`` sparse MoE layers
 (full width: hidden 6144, 64 q / 4 KV heads, 128 experts, vocabulary 200,064), ``--load-format
-dummy``, TP1, CUDA graphs. Each implementation is its own process (``--impls``):
+dummy``, ``--tp-size`` / ``--ep-size`` (1; floors are per rank), CUDA graphs. Each implementation is
+its own process (``--impls``):
 
 * ``ours``: sglang-m3 (the installed plugin);
 * ``stock``: SGLang 0.5.17's own M3 path, as DESIGN section 9 says it runs on the H200 with the

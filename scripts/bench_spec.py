@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""EAGLE3 spec-step phases of a real-width M3 on one GPU: plain decode, the whole spec step, verify, draft.
+"""EAGLE3 spec-step phases of a real-width M3: plain decode, the whole spec step, verify, draft.
 
 Target: the released config.json cut to ``--cuts`` (``D+S``: the first D dense and first S sparse layers,
-``scripts/bench_scaled.py``'s ``cut_config``), ``--load-format dummy``, TP1, CUDA graphs captured only at
-``--batches``. Draft: a generated (temp dir, never committed) ``LlamaForCausalLMEagle3`` config with the shape
-of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` / ``-GQA``): 1 layer, the target's hidden size (6144)
+``scripts/bench_scaled.py``'s ``cut_config``), ``--load-format dummy``, ``--tp-size`` / ``--ep-size`` (1),
+CUDA graphs captured only at ``--batches``. Draft: a generated (temp dir, never committed)
+``LlamaForCausalLMEagle3`` config with the shape of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` / ``-GQA``): 1 layer, the target's hidden size (6144)
 and head_dim (128), 64 q heads, ``--draft-kv-heads`` KV heads (4: the GQA draft; 64: the MHA one), full
 vocabulary (200,064, no ``d2t``), rope theta as the target's, dummy weights too. ``intermediate_size`` is not
 public: 12,288 is our choice (with an own embedding, which sglang-m3 does not load since the target's is
