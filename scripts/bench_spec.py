@@ -4,14 +4,15 @@
 Target: the released config.json cut to ``--cuts`` (``D+S``: the first D dense and first S sparse layers,
 ``scripts/bench_scaled.py``'s ``cut_config``), ``--load-format dummy``, ``--tp-size`` / ``--ep-size`` (1),
 CUDA graphs captured only at ``--batches``. Draft: a generated (temp dir, never committed)
-``LlamaForCausalLMEagle3`` config with the shape of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` / ``-GQA``): 1 layer, the target's hidden size (6144)
-and head_dim (128), 64 q heads, ``--draft-kv-heads`` KV heads (4: the GQA draft; 64: the MHA one), full
-vocabulary (200,064, no ``d2t``), rope theta as the target's, dummy weights too. ``intermediate_size`` is not
-public: 12,288 is our choice (with an own embedding, which sglang-m3 does not load since the target's is
-shared: 2.96B params GQA / 3.15B MHA, beside the ~3.3B the public drafts report). Captured layers: outputs
-``(0, (N-1)//2, N-2)`` of the N-layer cut (first, middle, last-but-one: (0, 1, 2) at 1+3, (0, 3, 6) at 1+7;
-the released draft's (2, 30, 57) do not exist in a cut). Random weights accept ~nothing (AL ~1): the run
-times the phases, and speed-ups at given acceptance lengths are *projected*.
+``LlamaForCausalLMEagle3`` config with the shape of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` /
+``-GQA``): 1 layer, the target's hidden size (6144) and head_dim (128), 64 q heads, ``--draft-kv-heads`` KV
+heads (4: the GQA draft; 64: the MHA one), full vocabulary (200,064, no ``d2t``), rope theta as the target's,
+dummy weights too. ``intermediate_size`` is not public: 12,288 is our choice (with an own embedding, which
+sglang-m3 does not load since the target's is shared: 2.96B params GQA / 3.15B MHA, beside the ~3.3B the
+public drafts report). Captured layers: outputs ``(0, (N-1)//2, N-2)`` of the N-layer cut (first, middle,
+last-but-one: (0, 1, 2) at 1+3, (0, 3, 6) at 1+7; the released draft's (2, 30, 57) do not exist in a cut).
+Random weights accept ~nothing (AL ~1): the run times the phases, and speed-ups at given acceptance lengths
+are *projected*.
 
 Per cut, two engines, each its own process (one failing keeps the rest): ``decode`` (no speculation) and
 ``spec`` (EAGLE3, K = ``--num-steps`` = 3, topk 1, K + 1 = 4 draft tokens). Per batch (``--input-len``
