@@ -516,10 +516,11 @@ def projections(rows: list[dict], args, released, drafts: dict, accept_lengths) 
     measurement; a least-squares fit over all cuts beside it; projected speed-ups (from the first
     cut's projection) beside the floors'.
 
-    Dummy weights do not route at random (the dummy draft's tokens repeat, and so do their experts),
-    so ``random_routing`` projects again with each phase's MoE time replaced by the experts random
-    routing touches (``sizing.experts_touched``) times one expert's measured time: the first cut's
-    batch-1 decode MoE time over its MoE layers x top-k (one row reads exactly top-k experts)."""
+    Dummy weights do not route a request's verify rows at random (they touch fewer experts; likely the
+    dummy draft's tokens repeat: not checked), so ``random_routing`` projects again with each phase's
+    MoE time replaced by the experts random routing touches (``sizing.experts_touched``) times one
+    expert's measured time: the first cut's batch-1 decode MoE time over its MoE layers x top-k (one
+    row reads exactly top-k experts)."""
     from sglang_m3.config import M3Config
     from sglang_m3.sizing import experts_touched
 
