@@ -55,6 +55,16 @@ def expert_shape(cfg, tp_size: int, ep_size: int) -> tuple[int, int, int]:
     return cfg.num_experts // ep_size, cfg.moe_intermediate_size // (tp_size // ep_size), cfg.hidden_size
 
 
+def config_key(config: dict) -> tuple:
+    """A config as a tuple over ``CONFIG_KEYS``; None where it leaves a key to Triton (SGLang's unquantised
+    default names no ``num_warps`` / ``num_stages``)."""
+    return tuple(config.get(k) for k in CONFIG_KEYS)
+
+
+def as_config(key: tuple) -> dict:
+    return {k: v for k, v in zip(CONFIG_KEYS, key) if v is not None}
+
+
 def shipped_candidates(config_root: str, dtype: str | None, limit: int) -> list[dict]:
     """The ``limit`` configs that SGLang's Hopper files for ``dtype`` (None: unquantised) use most often."""
     count = collections.Counter()
@@ -68,17 +78,13 @@ def shipped_candidates(config_root: str, dtype: str | None, limit: int) -> list[
             continue
         for config in json.loads(pathlib.Path(path).read_text()).values():
             if all(k in config for k in CONFIG_KEYS):  # older files leave num_warps / num_stages out
-                count[tuple(config[k] for k in CONFIG_KEYS)] += 1
-    return [dict(zip(CONFIG_KEYS, c)) for c, _ in count.most_common(limit)]
+                count[config_key(config)] += 1
+    return [as_config(key) for key, _ in count.most_common(limit)]
 
 
 def best_per_batch(timings: dict[int, dict[tuple, float]]) -> dict[str, dict]:
     """SGLang's file format: ``{"M": config}`` with each token count's fastest config."""
-    out = {}
-    for m in sorted(timings):
-        fastest = min(timings[m], key=timings[m].get)
-        out[str(m)] = dict(zip(CONFIG_KEYS, fastest))
-    return out
+    return {str(m): as_config(min(timings[m], key=timings[m].get)) for m in sorted(timings)}
 
 
 def main(argv=None) -> dict:
@@ -103,6 +109,7 @@ def main(argv=None) -> dict:
     cfg = M3Config.from_hf(json.loads(path.read_text()))
     E, N, K = expert_shape(cfg, args.tp_size, args.ep_size)
     fp8 = args.dtype == "fp8_w8a8"
+    config_dtype = args.dtype if fp8 else None  # SGLang's dtype selector of config files
     dev = torch.device("cuda")
     torch.manual_seed(0)
     w1 = torch.randn(E, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02
@@ -125,7 +132,7 @@ def main(argv=None) -> dict:
         gate_up_interleaved=False,
     )
     root = os.path.join(os.path.dirname(sgl_configs.__file__), "configs")
-    candidates = shipped_candidates(root, "fp8_w8a8" if fp8 else None, args.candidates)
+    candidates = [config_key(c) for c in shipped_candidates(root, config_dtype, args.candidates)]
     batches = [int(x) for x in args.batches.split(",") if x]
     timings: dict[int, dict[tuple, float]] = {}
     failed: dict[tuple, str] = {}
@@ -137,17 +144,15 @@ def main(argv=None) -> dict:
         ids = torch.rand(m, cfg.num_experts, device=dev).topk(cfg.top_k, dim=-1).indices
         ids = torch.where(ids < E, ids, torch.full_like(ids, -1)).to(torch.int32)
         topk = StandardTopKOutput(torch.rand(m, cfg.top_k, device=dev), ids, None)
-        default = sgl_configs.get_default_config(m, E, N, K, cfg.top_k, "fp8_w8a8" if fp8 else None, False)
-        defaults[m] = tuple(default[k] for k in CONFIG_KEYS)
+        defaults[m] = config_key(sgl_configs.get_default_config(m, E, N, K, cfg.top_k, config_dtype, False))
         timings[m] = {}
         reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
-        for config in candidates + [dict(zip(CONFIG_KEYS, defaults[m]))]:
-            key = tuple(config[k] for k in CONFIG_KEYS)
+        for key in candidates + [defaults[m]]:
             if key in failed or key in timings[m]:
                 continue
             call = lambda: fused_experts(x, w1, w2, topk, runner, **quant)  # noqa: B023,E731
             try:
-                with override_config(dict(config)):
+                with override_config(as_config(key)):
                     call()  # compile
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -169,7 +174,7 @@ def main(argv=None) -> dict:
         best, dflt = min(timings[m].values()), timings[m].get(defaults[m], float("nan"))
         print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us", flush=True)
     table = best_per_batch(timings)
-    name = get_config_file_name(E, N, "fp8_w8a8" if fp8 else None)
+    name = get_config_file_name(E, N, config_dtype)
     out = config_path(name, triton.__version__, pathlib.Path(args.out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -64,3 +64,6 @@ def test_tuner_candidates_and_table():
     assert tune["expert_shape"](cfg, 8, 2) == (64, 768, 6144)
     slow, fast = (64, 64, 64, 1, 4, 3), (16, 32, 64, 1, 4, 3)
     assert tune["best_per_batch"]({8: {slow: 2.0, fast: 1.0}}) == {"8": TUNED}
+    # SGLang's unquantised default leaves num_warps / num_stages to Triton: written without them
+    default = tune["config_key"]({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1})
+    assert tune["best_per_batch"]({1: {default: 1.0, slow: 2.0}}) == {"1": {k: TUNED[k] for k in list(TUNED)[:4]}}
