@@ -6,13 +6,14 @@ Target: the released config.json cut to ``--cuts`` (``D+S``: the first D dense a
 CUDA graphs captured only at ``--batches``. Draft: a generated (temp dir, never committed)
 ``LlamaForCausalLMEagle3`` config with the shape of the public M3 drafts (``Inferact/MiniMax-M3-EAGLE3`` /
 ``-GQA``): 1 layer, the target's hidden size (6144) and head_dim (128), 64 q heads, ``--draft-kv-heads`` KV
-heads (4: the GQA draft; 64: the MHA one), full vocabulary (200,064, no ``d2t``), rope theta as the target's,
-dummy weights too. ``intermediate_size`` is not public: 12,288 is our choice (with an own embedding, which
-sglang-m3 does not load since the target's is shared: 2.96B params GQA / 3.15B MHA, beside the ~3.3B the
-public drafts report). Captured layers: outputs ``(0, (N-1)//2, N-2)`` of the N-layer cut (first, middle,
-last-but-one: (0, 1, 2) at 1+3, (0, 3, 6) at 1+7; the released draft's (2, 30, 57) do not exist in a cut).
-Random weights accept ~nothing (AL ~1): the run times the phases, and speed-ups at given acceptance lengths
-are *projected*.
+heads (4: the GQA draft; 64: the MHA one), full vocabulary (200,064, no ``d2t``; ``--draft-vocab N`` heads it
+with the first N ids instead, as vocabulary-pruned drafts do: timing only, dummy weights carry no ``d2t``),
+rope theta as the target's, dummy weights too. ``intermediate_size`` is not public: 12,288 is our choice (with
+an own embedding, which sglang-m3 does not load since the target's is shared: 2.96B params GQA / 3.15B MHA,
+beside the ~3.3B the public drafts report). Captured layers: outputs ``(0, (N-1)//2, N-2)`` of the N-layer cut
+(first, middle, last-but-one: (0, 1, 2) at 1+3, (0, 3, 6) at 1+7; the released draft's (2, 30, 57) do not
+exist in a cut). Random weights accept ~nothing (AL ~1): the run times the phases, and speed-ups at given
+acceptance lengths are *projected*.
 
 Per cut, two engines, each its own process (one failing keeps the rest): ``decode`` (no speculation) and
 ``spec`` (EAGLE3, K = ``--num-steps`` = 3, topk 1, K + 1 = 4 draft tokens). Per batch (``--input-len``
@@ -93,6 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
     p.add_argument("--draft-heads", type=int, default=DRAFT_HEADS)
     p.add_argument("--draft-intermediate", type=int, default=DRAFT_INTERMEDIATE)
+    p.add_argument("--draft-vocab", type=int, default=None, help="draft_vocab_size (default: the full vocabulary)")
     p.add_argument("--draft-path", default=None, help="an EAGLE3 draft directory instead of the generated one")
     p.add_argument("--model-path", default=None, help="an M3 checkpoint directory instead of the cuts")
     p.add_argument("--load-format", default="dummy")
@@ -134,13 +136,18 @@ def draft_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return (0, (num_layers - 1) // 2, num_layers - 2)
 
 
-def real_width_draft_config(target_cfg: dict, kv_heads=4, heads=DRAFT_HEADS, intermediate=DRAFT_INTERMEDIATE) -> dict:
+def real_width_draft_config(
+    target_cfg: dict, kv_heads=4, heads=DRAFT_HEADS, intermediate=DRAFT_INTERMEDIATE, vocab: int | None = None
+) -> dict:
     """The public M3 drafts' shape over ``target_cfg`` (tiny/eagle3.draft_config with the widths changed):
-    the target's hidden size, head_dim, rope theta and full vocabulary (no ``d2t``)."""
+    the target's hidden size, head_dim and rope theta; the full vocabulary (no ``d2t``) unless ``vocab``."""
     from sglang_m3.tiny.eagle3 import draft_config
 
     t = target_cfg.get("text_config", target_cfg)
-    cfg = draft_config(target_cfg, draft_aux_layer_ids(t["num_hidden_layers"]), draft_vocab_size=t["vocab_size"])
+    if vocab is not None and not 0 < vocab <= t["vocab_size"]:
+        raise ValueError(f"--draft-vocab={vocab}: must lie in [1, vocab_size={t['vocab_size']}]")
+    draft_vocab = t["vocab_size"] if vocab is None else vocab
+    cfg = draft_config(target_cfg, draft_aux_layer_ids(t["num_hidden_layers"]), draft_vocab_size=draft_vocab)
     cfg.update(num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate)
     return cfg
 
@@ -152,6 +159,7 @@ def make_draft_dir(target_dir: pathlib.Path, args) -> pathlib.Path:
         args.draft_kv_heads,
         args.draft_heads,
         args.draft_intermediate,
+        args.draft_vocab,
     )
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     for f in target_dir.iterdir():  # tokenizer files, should anything read them from the draft's path

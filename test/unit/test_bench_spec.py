@@ -26,6 +26,18 @@ def test_draft_fits_the_cut(bench, sparse, kv, params):
     assert sum(draft_weight_bytes(d, own_embed=True).values()) / 2 == pytest.approx(params, rel=0.01)
 
 
+def test_reduced_vocabulary_draft(bench):
+    """``--draft-vocab``: the draft's head shrinks to the pruned vocabulary (as the draft's floor counts it);
+    a size outside the target's vocabulary is refused naming the flag."""
+    target = bench["scaled"].cut_config(1, 3)
+    d = DraftConfig.from_dict(bench["real_width_draft_config"](target, vocab=32000))
+    assert (d.vocab_size, d.draft_vocab_size) == (200064, 32000)
+    assert draft_weight_bytes(d)["head"] == 32000 * 6144 * 2
+    for bad in (0, 200065):
+        with pytest.raises(ValueError, match=f"--draft-vocab={bad}"):
+            bench["real_width_draft_config"](target, vocab=bad)
+
+
 def _events(counts, steps, kernel_names=None, start=0):
     """Graph launches of ``counts`` kernels each (``kernel_names``: the kernel name per launch), repeated
     ``steps`` times, from launch ``start`` of the pattern on."""
