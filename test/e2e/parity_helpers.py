@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -72,6 +73,27 @@ def engine_output_logprobs(engine, prompts: list[list[int]], new: int = 12) -> t
         return_logprob=True,
     )
     return [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs], outs
+
+
+def greedy_of(model_path, prompts, engine_args: dict, new: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy continuations from an engine started for this call alone. A CPU engine of several TP ranks
+    binds each rank to one core: SGLang binds CPU ranks through ``SGLANG_CPU_OMP_THREADS_BIND`` when TP
+    exceeds the NUMA nodes (set only while the engine starts; its processes inherit it)."""
+    import sglang as sgl
+
+    env = os.environ.copy()
+    tp_size = engine_args.get("tp_size", 1)
+    if engine_args.get("device") == "cpu" and tp_size > 1:
+        os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp_size))
+    try:
+        engine = sgl.Engine(model_path=str(model_path), **engine_args)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    try:
+        return engine_greedy(engine, prompts, new)
+    finally:
+        stop_engine(engine)
 
 
 def run_per_kv_dtype(model_path, kv_dtypes, prompts, engine_args, new: int = NEW_TOKENS) -> dict:

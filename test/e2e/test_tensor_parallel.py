@@ -6,37 +6,22 @@ equal to one rank's (fp32 model and KV, DESIGN section 5).
 * ``m3-tiny`` (1 KV group) with its EAGLE3 draft: at TP2 the one KV head (and index head) is
   replicated on both ranks, the draft's 2 KV heads split; with FP8 KV and ``--ep-size 2`` too.
 
-SGLang binds each CPU rank to cores through ``SGLANG_CPU_OMP_THREADS_BIND`` when TP exceeds the
-NUMA nodes; the fixture gives each rank one core.
+Each CPU rank is bound to one core (``parity_helpers.greedy_of``).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import sglang as sgl
 
 from .conftest import ENGINE_ARGS, SPEC_ARGS, prompts_from
-from .parity_helpers import engine_greedy, stop_engine
+from .parity_helpers import greedy_of
 
 pytestmark = pytest.mark.slow
 NEW = 24
 
 
-def _greedy(model_path, prompts, tp_size=1, **kw):
-    env = os.environ.copy()
-    if tp_size > 1:
-        os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp_size))
-    try:
-        engine = sgl.Engine(model_path=str(model_path), tp_size=tp_size, **ENGINE_ARGS, **kw)
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-    try:
-        return engine_greedy(engine, prompts, NEW)
-    finally:
-        stop_engine(engine)
+def _greedy(model_path, prompts, **kw):
+    return greedy_of(model_path, prompts, dict(ENGINE_ARGS, **kw), NEW)
 
 
 @pytest.fixture(scope="module")
