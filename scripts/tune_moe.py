@@ -45,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--candidates", type=int, default=40)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument(
+        "--deadline", type=float, default=None, help="seconds; token counts not reached by then keep SGLang's default"
+    )
     p.add_argument("--out-dir", default=str(REPO / "python" / "sglang_m3" / "moe_configs"))
     p.add_argument("--report", default="bench_results/tune_moe.json")
     return p.parse_args(argv)
@@ -82,9 +85,14 @@ def shipped_candidates(config_root: str, dtype: str | None, limit: int) -> list[
     return [as_config(key) for key, _ in count.most_common(limit)]
 
 
-def best_per_batch(timings: dict[int, dict[tuple, float]]) -> dict[str, dict]:
-    """SGLang's file format: ``{"M": config}`` with each token count's fastest config."""
-    return {str(m): as_config(min(timings[m], key=timings[m].get)) for m in sorted(timings)}
+def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, tuple]) -> dict[str, dict]:
+    """SGLang's file format: ``{"M": config}`` with each token count's fastest config; a token count left
+    untimed (``--deadline``) gets SGLang's default, which its lookup would otherwise take from the nearest
+    tuned M instead."""
+    return {
+        str(m): as_config(min(timings[m], key=timings[m].get) if timings.get(m) else defaults[m])
+        for m in sorted(defaults)
+    }
 
 
 def main(argv=None) -> dict:
@@ -139,12 +147,15 @@ def main(argv=None) -> dict:
     defaults: dict[int, tuple] = {}  # SGLang's default config at each M
     tic = time.perf_counter()
     for m in batches:
+        defaults[m] = config_key(sgl_configs.get_default_config(m, E, N, K, cfg.top_k, config_dtype, False))
+        if args.deadline is not None and time.perf_counter() - tic > args.deadline:
+            print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
+            continue
         x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
         # uniformly random top-k of all experts; another EP rank's experts are -1 (skipped), as FusedMoE gives them
         ids = torch.rand(m, cfg.num_experts, device=dev).topk(cfg.top_k, dim=-1).indices
         ids = torch.where(ids < E, ids, torch.full_like(ids, -1)).to(torch.int32)
         topk = StandardTopKOutput(torch.rand(m, cfg.top_k, device=dev), ids, None)
-        defaults[m] = config_key(sgl_configs.get_default_config(m, E, N, K, cfg.top_k, config_dtype, False))
         timings[m] = {}
         reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
         for key in candidates + [defaults[m]]:
@@ -171,9 +182,11 @@ def main(argv=None) -> dict:
                 del graph
             except Exception as exc:  # noqa: BLE001 -- e.g. shared memory exceeded: the config is out
                 failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if not timings[m]:
+            raise SystemExit(f"M={m}: no candidate config ran; first failures: {sorted(set(failed.values()))[:3]}")
         best, dflt = min(timings[m].values()), timings[m].get(defaults[m], float("nan"))
         print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us", flush=True)
-    table = best_per_batch(timings)
+    table = best_per_batch(timings, defaults)
     name = get_config_file_name(E, N, config_dtype)
     out = config_path(name, triton.__version__, pathlib.Path(args.out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +207,7 @@ def main(argv=None) -> dict:
             )
             for m, t in timings.items()
         },
+        untuned=[m for m in batches if m not in timings],
     )
     pathlib.Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.report).write_text(json.dumps(report, indent=1))

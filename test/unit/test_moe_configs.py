@@ -63,7 +63,13 @@ def test_tuner_candidates_and_table():
     assert tune["expert_shape"](cfg, 1, 1) == (128, 3072, 6144)
     assert tune["expert_shape"](cfg, 8, 2) == (64, 768, 6144)
     slow, fast = (64, 64, 64, 1, 4, 3), (16, 32, 64, 1, 4, 3)
-    assert tune["best_per_batch"]({8: {slow: 2.0, fast: 1.0}}) == {"8": TUNED}
     # SGLang's unquantised default leaves num_warps / num_stages to Triton: written without them
     default = tune["config_key"]({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1})
-    assert tune["best_per_batch"]({1: {default: 1.0, slow: 2.0}}) == {"1": {k: TUNED[k] for k in list(TUNED)[:4]}}
+    assert tune["best_per_batch"]({8: {slow: 2.0, fast: 1.0}}, {8: default}) == {"8": TUNED}
+    assert tune["best_per_batch"]({1: {default: 1.0, slow: 2.0}}, {1: default}) == {"1": tune["as_config"](default)}
+    assert tune["as_config"](default) == {k: TUNED[k] for k in list(TUNED)[:4]}
+    # a token count --deadline left untimed keeps SGLang's default rather than the nearest tuned M's config
+    assert tune["best_per_batch"]({8: {slow: 2.0, fast: 1.0}}, {8: default, 4096: slow}) == {
+        "8": TUNED,
+        "4096": tune["as_config"](slow),
+    }
