@@ -16,6 +16,7 @@ replayed ``--iters`` times, the median replay over the calls (graphs as decode r
 
     python3 scripts/tune_moe.py                      # BF16 experts, TP1
     python3 scripts/tune_moe.py --dtype fp8_w8a8     # --quantization fp8 (per-tensor fp8 weights)
+    python3 scripts/tune_moe.py --fused-shared       # --enforce-shared-experts-fusion: expert E = the shared one
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--dtype", choices=("bf16", "fp8_w8a8"), default="bf16")
+    p.add_argument(
+        "--fused-shared", action="store_true", help="the shared expert fused in as expert E (E + 1 experts, top-k + 1)"
+    )
     p.add_argument("--batches", default=DECODE_AND_PREFILL, help="token counts M to tune for")
     p.add_argument("--candidates", type=int, default=40)
     p.add_argument("--reps", type=int, default=10)
@@ -116,6 +120,10 @@ def main(argv=None) -> dict:
     path = pathlib.Path(args.config or REPO / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json")
     cfg = M3Config.from_hf(json.loads(path.read_text()))
     E, N, K = expert_shape(cfg, args.tp_size, args.ep_size)
+    shared = int(args.fused_shared)  # the fused shared expert: one more expert, chosen by every token
+    if shared and args.ep_size != 1:
+        raise SystemExit("--fused-shared: SGLang fuses the shared expert only without expert parallelism")
+    E, top_k = E + shared, cfg.top_k + shared
     fp8 = args.dtype == "fp8_w8a8"
     config_dtype = args.dtype if fp8 else None  # SGLang's dtype selector of config files
     dev = torch.device("cuda")
@@ -128,9 +136,9 @@ def main(argv=None) -> dict:
         ones = torch.ones(E, device=dev, dtype=torch.float32)
         quant = dict(use_fp8_w8a8=True, w1_scale=ones, w2_scale=ones.clone())
     runner = MoeRunnerConfig(
-        num_experts=cfg.num_experts,
+        num_experts=cfg.num_experts + shared,
         num_local_experts=E,
-        top_k=cfg.top_k,
+        top_k=top_k,
         activation="silu",
         is_gated=True,
         inplace=False,
@@ -147,15 +155,17 @@ def main(argv=None) -> dict:
     defaults: dict[int, tuple] = {}  # SGLang's default config at each M
     tic = time.perf_counter()
     for m in batches:
-        defaults[m] = config_key(sgl_configs.get_default_config(m, E, N, K, cfg.top_k, config_dtype, False))
+        defaults[m] = config_key(sgl_configs.get_default_config(m, E, N, K, top_k, config_dtype, False))
         if args.deadline is not None and time.perf_counter() - tic > args.deadline:
             print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
             continue
         x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
         # uniformly random top-k of all experts; another EP rank's experts are -1 (skipped), as FusedMoE gives them
         ids = torch.rand(m, cfg.num_experts, device=dev).topk(cfg.top_k, dim=-1).indices
-        ids = torch.where(ids < E, ids, torch.full_like(ids, -1)).to(torch.int32)
-        topk = StandardTopKOutput(torch.rand(m, cfg.top_k, device=dev), ids, None)
+        ids = torch.where(ids < E - shared, ids, torch.full_like(ids, -1))
+        if shared:
+            ids = torch.cat((ids, torch.full_like(ids[:, :1], cfg.num_experts)), dim=1)
+        topk = StandardTopKOutput(torch.rand(m, top_k, device=dev), ids.to(torch.int32), None)
         timings[m] = {}
         reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
         for key in candidates + [defaults[m]]:
@@ -195,7 +205,7 @@ def main(argv=None) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(),
         triton=triton.__version__,
-        shape=dict(E=E, N=N, K=K, top_k=cfg.top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size),
+        shape=dict(E=E, N=N, K=K, top_k=top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size),
         file=str(out),
         seconds=time.perf_counter() - tic,
         candidates=len(candidates),
