@@ -117,6 +117,21 @@ def check_not_all_failed(records: list[dict]) -> None:
         raise BenchError(f"all {len(records)} requests failed; first error: {records[0]['error']}")
 
 
+def run_counts(records: list[dict], model: str, args: argparse.Namespace, params: dict) -> dict:
+    """What every accuracy benchmark's summary reports beside its score: failed, unanswered and retried
+    requests, and the run's settings."""
+    return {
+        "num_errors": sum("error" in r for r in records),
+        "num_no_answer": sum(r["pred"] is None and "error" not in r for r in records),
+        "num_retried": sum(r["attempts"] > 1 for r in records),
+        "model": model,
+        "base_url": args.base_url,
+        "num_shots": args.num_shots,
+        "thinking": args.thinking,
+        **params,
+    }
+
+
 def write_output(path: str | None, summary: dict, records: list[dict]) -> None:
     """Write ``{**summary, "records": records}`` and print the summary."""
     if path:

@@ -83,14 +83,7 @@ async def run_gsm8k(args) -> dict:
     summary = {
         "benchmark": "gsm8k",
         **accuracy_summary(sum(r["correct"] for r in records), len(records)),
-        "num_errors": sum("error" in r for r in records),
-        "num_no_answer": sum(r["pred"] is None and "error" not in r for r in records),
-        "num_retried": sum(r["attempts"] > 1 for r in records),
-        "model": model,
-        "base_url": args.base_url,
-        "num_shots": args.num_shots,
-        "thinking": args.thinking,
-        **params,
+        **cli.run_counts(records, model, args, params),
         "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
         "elapsed_s": elapsed,
     }
