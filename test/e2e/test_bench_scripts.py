@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -98,19 +99,24 @@ def test_acceptance_against_our_eagle3_server(spec_server_url, tmp_path):
     assert out.exists() and (tmp_path / "acceptance.png").exists()
 
 
-def _run_script(name: str, argv: list[str], out: pathlib.Path) -> dict:
+def _run_script(name: str, argv: list[str], out: pathlib.Path, env: dict | None = None) -> dict:
     script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / name
-    subprocess.run([sys.executable, str(script), *argv, "--out", str(out)], check=True, timeout=600, cwd=out.parent)
+    cmd = [sys.executable, str(script), *argv, "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=600, cwd=out.parent, env=env and {**os.environ, **env})
     return json.loads(out.read_text())
 
 
 def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
-    """scripts/bench_scaled.py end to end on CPU (the H200 runs it on the cut release): the streamed
-    full-batch TPOT, its floor, and a decode-step trace started while the batch decodes."""
+    """scripts/bench_scaled.py end to end on CPU (the H200 runs it on the cut release) at ``--tp-size 2``
+    (two ranks on gloo, each bound to a core): the streamed full-batch TPOT, its floor, a decode-step trace
+    started while the batch decodes, and both ranks' start-up lines."""
     argv = ["--model-path", str(tiny_vl), "--impls", "ours", "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "2", "--long-batches", "", "--input-len", "96", "--prefill-lens", "96"]
-    argv += ["--output-len", "12", "--profile-batches", "2"]
-    records = {r["kind"]: r for r in _run_script("bench_scaled.py", argv, tmp_path / "scaled.json")["records"]}
+    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2"]
+    result = _run_script("bench_scaled.py", argv, tmp_path / "scaled.json", {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    per_rank = [line for line in result["startup_lines"]["ours"] if "sglang-m3 per rank of TP 2" in line]
+    assert len(per_rank) == 2 and result["tp_size"] == 2
+    records = {r["kind"]: r for r in result["records"]}
     assert set(records) == {"startup", "tpot", "prefill", "profile"}
     assert records["tpot"]["ms"] > 0 and records["tpot"]["floor_ms"] > 0 and records["prefill"]["ms"] > 0
     assert "ms_per_step" in records["profile"]  # on CPU the trace holds no GPU kernels to split
