@@ -14,7 +14,10 @@ its own process (``--impls``):
   8192 for an 8K or a 32K prompt), not at SGLang's ~60 default sizes, which took 407 s of start-up;
 * ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``;
 * a ``+fused-shared`` suffix (``ours+fused-shared``): with ``--enforce-shared-experts-fusion``
-  (the shared expert as FusedMoE's expert E instead of its own MLP).
+  (the shared expert as FusedMoE's expert E instead of its own MLP);
+* ``stock+tuned-moe``: stock with sglang-m3's tuned fused-MoE configs (``python/sglang_m3/moe_configs``)
+  through ``SGLANG_MOE_CONFIG_DIR``, so that a comparison does not credit the plugin with tiles stock
+  could use as well (SGLang ships none for M3's expert shapes).
 
 Measured per implementation: decode TPOT at every ``--batches`` with ``--input-len`` prompts and
 at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
@@ -223,6 +226,16 @@ def new_tokens(args, batch: int, context: int) -> int:
     return args.output_len + 2 * batch * -(-context // 8192)
 
 
+def moe_config_dir() -> pathlib.Path:
+    """A directory laid out as SGLANG_MOE_CONFIG_DIR wants it (``configs/triton_<version>/<file>``) over
+    sglang-m3's tuned configs."""
+    from sglang_m3 import moe_configs
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="m3-moe-configs-"))
+    (root / "configs").symlink_to(moe_configs.ROOT, target_is_directory=True)
+    return root
+
+
 def engine_base_args(args, load_format: str, tokens: int, batches: list[int], mem_fraction_static: float) -> dict:
     """``sgl.Engine`` arguments both benchmark scripts share: token ids in and out, KV for ``tokens`` plus
     slack, decode graphs only at the measured ``batches`` (a shorter start-up), 8K prefill chunks."""
@@ -269,9 +282,7 @@ def run_one(args) -> None:
     engine_args = engine_base_args(args, "dummy", need, batches + long_batches, mem_fraction_static=0.85)
     if quant:
         engine_args["quantization"] = quant
-    if flag:
-        if flag != "fused-shared":
-            raise SystemExit(f"--impls: unknown flag +{flag} (known: +fused-shared)")
+    if flag == "fused-shared":
         engine_args["enforce_shared_experts_fusion"] = True
     if impl == "stock":
         engine_args.update(attention_backend="triton", enable_multimodal=False)
@@ -351,10 +362,17 @@ def main(argv=None) -> dict:
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records, startup_lines = [], {}
-    for impl in args.impls.split(","):
+    impls = args.impls.split(",")
+    for impl in impls:
+        flag = impl.partition("+")[2]
+        if flag and (flag, impl.startswith("stock")) not in (("fused-shared", False), ("tuned-moe", True)):
+            raise SystemExit(f"--impls: unknown {impl!r} (flags: ours+fused-shared, stock+tuned-moe)")
+    for impl in impls:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
+        if impl.endswith("+tuned-moe"):
+            env["SGLANG_MOE_CONFIG_DIR"] = str(moe_config_dir())
         # beside --out while the impl runs, so a run cut short still leaves what it measured
         results = out.with_name(f"{out.stem}.{impl.replace(':', '-')}.partial.jsonl")
         results.write_text("")
