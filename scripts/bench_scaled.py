@@ -371,14 +371,17 @@ def main(argv=None) -> dict:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
-        if impl.endswith("+tuned-moe"):
-            env["SGLANG_MOE_CONFIG_DIR"] = str(moe_config_dir())
+        config_dir = moe_config_dir() if impl.endswith("+tuned-moe") else None
+        if config_dir is not None:
+            env["SGLANG_MOE_CONFIG_DIR"] = str(config_dir)
         # beside --out while the impl runs, so a run cut short still leaves what it measured
         results = out.with_name(f"{out.stem}.{impl.replace(':', '-')}.partial.jsonl")
         results.write_text("")
         cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir), "--results", str(results)]
         cmd += argv or sys.argv[1:]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if config_dir is not None:
+            shutil.rmtree(config_dir)  # the link only, not what it points to
         for line in results.read_text().splitlines():
             records.append(json.loads(line))
             print(line, flush=True)
