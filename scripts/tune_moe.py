@@ -89,6 +89,19 @@ def shipped_candidates(config_root: str, dtype: str | None, limit: int) -> list[
     return [as_config(key) for key, _ in count.most_common(limit)]
 
 
+def one_rank_groups() -> None:
+    """SGLang's distributed state for one process (gloo, world size 1)."""
+    import socket
+
+    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+    initialize_model_parallel(1)
+
+
 def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, tuple]) -> dict[str, dict]:
     """SGLang's file format: ``{"M": config}`` with each token count's fastest config; a token count left
     untimed (``--deadline``) gets SGLang's default, which its lookup would otherwise take from the nearest
@@ -115,8 +128,10 @@ def main(argv=None) -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit("tune_moe.py times SGLang's Triton fused MoE: it needs a CUDA GPU")
-    # SGLang's MoE code reads its runtime settings (defaults here) from a published context.
+    # SGLang's MoE code reads its runtime settings (defaults here) from a published context, and places its
+    # output through the TP group (symmetric-memory allocation): a one-rank group, no communication.
     runtime_context.publish(ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl"))), role="tune_moe")
+    one_rank_groups()
     path = pathlib.Path(args.config or REPO / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json")
     cfg = M3Config.from_hf(json.loads(path.read_text()))
     E, N, K = expert_shape(cfg, args.tp_size, args.ep_size)
