@@ -15,6 +15,8 @@ its own process (``--impls``):
 * ``ours:fp8`` / ``stock:fp8``: the same with ``--quantization fp8``;
 * a ``+fused-shared`` suffix (``ours+fused-shared``): with ``--enforce-shared-experts-fusion``
   (the shared expert as FusedMoE's expert E instead of its own MLP);
+* ``ours+one-stream``: the separate shared expert on the main stream (``SGLANG_M3_SHARED_EXPERT_STREAM=0``)
+  instead of a side stream beside the routed experts;
 * ``stock+tuned-moe``: stock with sglang-m3's tuned fused-MoE configs (``python/sglang_m3/moe_configs``)
   through ``SGLANG_MOE_CONFIG_DIR``, so that a comparison does not credit the plugin with tiles stock
   could use as well (SGLang ships none for M3's expert shapes).
@@ -48,6 +50,8 @@ import time
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
 PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
+SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (importing it would load SGLang)
+IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True)}  # (flag, on stock)
 # Kernel-name patterns -> component of a decode step (first match wins).
 COMPONENTS = (
     ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
@@ -358,19 +362,21 @@ def main(argv=None) -> dict:
     if args.one:
         run_one(args)
         return {}
+    impls = args.impls.split(",")
+    for impl in impls:
+        flag = impl.partition("+")[2]
+        if flag and (flag, impl.startswith("stock")) not in IMPL_FLAGS:
+            raise SystemExit(f"--impls: unknown {impl!r} (flags: ours+fused-shared, ours+one-stream, stock+tuned-moe)")
     model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records, startup_lines = [], {}
-    impls = args.impls.split(",")
-    for impl in impls:
-        flag = impl.partition("+")[2]
-        if flag and (flag, impl.startswith("stock")) not in (("fused-shared", False), ("tuned-moe", True)):
-            raise SystemExit(f"--impls: unknown {impl!r} (flags: ours+fused-shared, stock+tuned-moe)")
     for impl in impls:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
+        if impl.endswith("+one-stream"):
+            env[SIDE_STREAM_ENV] = "0"
         config_dir = moe_config_dir() if impl.endswith("+tuned-moe") else None
         if config_dir is not None:
             env["SGLANG_MOE_CONFIG_DIR"] = str(config_dir)

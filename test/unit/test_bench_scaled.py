@@ -72,3 +72,15 @@ def test_trace_reduction(bench, tmp_path):
     assert out["attention"] == pytest.approx(0.015) and out["norm"] == pytest.approx(0.005)
     assert out["other"] == pytest.approx(0.005)
     assert out["host_gaps"] == pytest.approx(0.025) and out["step"] == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize("impl", ["stock+fused-shared", "ours+tuned-moe", "stock+one-stream", "ours+two-streams"])
+def test_unknown_impl_flags_are_refused_before_any_engine_starts(bench, impl):
+    with pytest.raises(SystemExit, match=r"--impls: unknown '.*\+"):
+        bench["main"](["--impls", f"ours,{impl}", "--model-path", "/nonexistent"])
+
+
+def test_one_stream_switch_is_the_models(bench):
+    from sglang_m3.model import mlp
+
+    assert bench["SIDE_STREAM_ENV"] == mlp.SIDE_STREAM_ENV

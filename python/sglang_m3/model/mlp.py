@@ -11,6 +11,11 @@ MLP, or, with ``--enforce-shared-experts-fusion``, FusedMoE's expert ``E`` (ever
 fifth expert, weight 1, as SGLang's own M3 runs it by default; ``fuse_shared_expert``). Either way the
 routed and shared partial sums share one all-reduce.
 
+A separate shared expert runs on a side CUDA stream beside the router and the routed experts while
+CUDA graphs are captured (up to ``SIDE_STREAM_MAX_TOKENS`` tokens), as SGLang's DeepSeek / Qwen MoE
+models run theirs: at decode sizes both are small memory-bound GEMMs whose ramp-up and tail the other
+fills. ``SGLANG_M3_SHARED_EXPERT_STREAM=0`` keeps it on the main stream (the benchmarks' A/B switch).
+
 On CPU (no Triton, and SGLang's native MoE path ignores alpha/limit for ``silu``: DESIGN
 section 4) and for fp32 models on CUDA ``route`` and ``experts_ref`` are the path, over the
 same ``FusedMoE`` parameters; they are also the test oracle of the CUDA path.
@@ -18,17 +23,23 @@ same ``FusedMoE`` parameters; they are also the test oracle of the CUDA path.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopK
-from sglang.srt.runtime_context import get_exec, get_parallel
+from sglang.srt.model_executor.runner import get_is_capture_mode
+from sglang.srt.runtime_context import get_exec, get_parallel, get_stream
 from torch import nn
 
 from ..config import M3Config
 from .layers import swiglu, swiglu_oai
+
+SIDE_STREAM_MAX_TOKENS = 1024  # SGLang's DUAL_STREAM_TOKEN_THRESHOLD for its MoE models' shared experts
+SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"
 
 
 class DenseMLP(nn.Module):
@@ -102,6 +113,7 @@ class MoE(nn.Module):
             layer_id=layer_id,
             top_k=cfg.top_k + fused,
             reduce_results=False,
+            inplace=False,  # the shared expert may still be reading x on the side stream
             quant_config=quant_config,
             activation="silu",
             is_gated=True,
@@ -131,10 +143,18 @@ class MoE(nn.Module):
                 reduce_results=False,
             )
         )
+        side = not fused and torch.get_default_device().type == "cuda" and os.environ.get(SIDE_STREAM_ENV) != "0"
+        self.side_stream = get_stream("alt") if side else None  # created here: not while a graph is captured
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The shared expert first: SGLang's fused MoE writes its output into ``x`` (inplace).
-        shared = None if self.shared_experts is None else self.shared_experts(x)  # [T, H]: this rank's part
+        main = torch.cuda.current_stream() if x.is_cuda else None
+        side = self.side_stream if x.shape[0] <= SIDE_STREAM_MAX_TOKENS and get_is_capture_mode() else None
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                shared = self.shared_experts(x)  # [T, H]: this rank's part
+        else:
+            shared = None if self.shared_experts is None else self.shared_experts(x)
         logits = self.gate(x.float())[0]  # [T, E] fp32
         if x.is_cuda and x.dtype != torch.float32:
             out = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
@@ -142,6 +162,8 @@ class MoE(nn.Module):
             # No Triton on CPU; and SGLang's fused MoE computes fp32 inputs in fp16 (``compute_type``
             # in moe_runner/triton_utils/fused_moe.py), which fp32 parity runs cannot take.
             out = self.experts_ref(x, *self.route(logits)) * self.scale
+        if side is not None:
+            main.wait_stream(side)
         if shared is not None:
             out = out + shared
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
