@@ -215,7 +215,8 @@ def main(argv=None) -> dict:
         if not timings[m]:
             raise SystemExit(f"M={m}: no candidate config ran; first failures: {sorted(set(failed.values()))[:3]}")
         best, dflt = min(timings[m].values()), timings[m].get(defaults[m], float("nan"))
-        print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us", flush=True)
+        at = time.perf_counter() - tic
+        print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us ({at:.0f} s)", flush=True)
         table = best_per_batch(timings, defaults)
         out.write_text(json.dumps(table, indent=1) + "\n")  # after every M: a run cut short keeps what it timed
     report = dict(
