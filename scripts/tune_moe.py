@@ -13,6 +13,9 @@ Candidates: the ``--candidates`` configs SGLang itself ships most often for Hopp
 H20 files of the same dtype), plus SGLang's default for each token count. Each config is compiled and
 timed at every ``--batches`` token count: ``--reps`` calls (fewer above 512 tokens) captured in one CUDA graph,
 replayed ``--iters`` times, the median replay over the calls (graphs as decode runs them, no launch gaps).
+Triton compiles each config once per specialisation; ``--compile-jobs`` processes compile them all first, in
+parallel, into Triton's on-disk cache (on a few experts' weights: the kernels do not depend on the count), so
+the timing loop starts on compiled kernels.
 
     python3 scripts/tune_moe.py                      # BF16 experts, TP1
     python3 scripts/tune_moe.py --dtype fp8_w8a8     # --quantization fp8 (per-tensor fp8 weights)
@@ -29,6 +32,8 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
+import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -54,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--deadline", type=float, default=None, help="seconds; token counts not reached by then keep SGLang's default"
     )
+    p.add_argument("--compile-jobs", type=int, default=min(8, os.cpu_count() or 1), help="processes compiling first")
+    p.add_argument("--compile-only", default=None, metavar="I/N", help=argparse.SUPPRESS)  # internal: worker I of N
     p.add_argument("--out-dir", default=str(REPO / "python" / "sglang_m3" / "moe_configs"))
     p.add_argument("--report", default="bench_results/tune_moe.json")
     return p.parse_args(argv)
@@ -145,16 +152,17 @@ def main(argv=None) -> dict:
     config_dtype = args.dtype if fp8 else None  # SGLang's dtype selector of config files
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    w1 = torch.randn(E, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16) * 0.02
+    held = min(E, 8) if args.compile_only else E  # experts whose weights this process holds
+    w1 = torch.randn(held, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(held, K, N, device=dev, dtype=torch.bfloat16) * 0.02
     quant = {}
     if fp8:  # per-tensor scale per expert, dynamic activation scales: what --quantization fp8 runs
         w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
-        ones = torch.ones(E, device=dev, dtype=torch.float32)
+        ones = torch.ones(held, device=dev, dtype=torch.float32)
         quant = dict(use_fp8_w8a8=True, w1_scale=ones, w2_scale=ones.clone())
     runner = MoeRunnerConfig(
-        num_experts=cfg.num_experts + shared,
-        num_local_experts=E,
+        num_experts=cfg.num_experts + shared if held == E else held,
+        num_local_experts=held,
         top_k=top_k,
         activation="silu",
         is_gated=True,
@@ -171,21 +179,45 @@ def main(argv=None) -> dict:
     failed: dict[tuple, str] = {}
     # SGLang's default config at each M
     defaults = {m: config_key(sgl_configs.get_default_config(m, E, N, K, top_k, config_dtype, False)) for m in batches}
-    out = config_path(get_config_file_name(E, N, config_dtype), triton.__version__, pathlib.Path(args.out_dir))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table = best_per_batch(timings, defaults)
-    tic = time.perf_counter()
-    for m in batches:
-        if args.deadline is not None and time.perf_counter() - tic > args.deadline:
-            print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
-            continue
+
+    def routed(m: int):
+        """``m`` random tokens and their routing: uniformly random top-k of all experts; another EP rank's experts
+        are -1 (skipped), as FusedMoE gives them; the fused shared expert is every token's last."""
         x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
-        # uniformly random top-k of all experts; another EP rank's experts are -1 (skipped), as FusedMoE gives them
         ids = torch.rand(m, cfg.num_experts, device=dev).topk(cfg.top_k, dim=-1).indices
         ids = torch.where(ids < E - shared, ids, torch.full_like(ids, -1))
         if shared:
             ids = torch.cat((ids, torch.full_like(ids[:, :1], cfg.num_experts)), dim=1)
-        topk = StandardTopKOutput(torch.rand(m, top_k, device=dev), ids.to(torch.int32), None)
+        ids = torch.where(ids >= 0, ids % held, ids)  # a compile worker's few experts
+        return x, StandardTopKOutput(torch.rand(m, top_k, device=dev), ids.to(torch.int32), None)
+
+    if args.compile_only:  # worker I of N: run its share of the configs once at every M, for Triton's cache
+        i, n = (int(v) for v in args.compile_only.split("/"))
+        mine = sorted(set(candidates) | set(defaults.values()), key=str)[i::n]
+        for m in batches:
+            x, topk = routed(m)
+            for key in (k for k in mine if k in candidates or k == defaults[m]):
+                try:
+                    with override_config(as_config(key)):
+                        fused_experts(x, w1, w2, topk, runner, **quant)
+                except Exception:  # noqa: BLE001 -- the timing loop records the failure
+                    pass
+        torch.cuda.synchronize()
+        return {}
+    out = config_path(get_config_file_name(E, N, config_dtype), triton.__version__, pathlib.Path(args.out_dir))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = best_per_batch(timings, defaults)
+    tic = time.perf_counter()
+    if args.compile_jobs > 1:
+        worker = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--compile-only"]
+        jobs = [subprocess.Popen([*worker, f"{i}/{args.compile_jobs}"]) for i in range(args.compile_jobs)]
+        codes = [job.wait() for job in jobs]
+        print(f"compiled in {time.perf_counter() - tic:.0f} s by {len(jobs)} processes, exit codes {codes}", flush=True)
+    for m in batches:
+        if args.deadline is not None and time.perf_counter() - tic > args.deadline:
+            print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
+            continue
+        x, topk = routed(m)
         timings[m] = {}
         reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
         for key in candidates + [defaults[m]]:
