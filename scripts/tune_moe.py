@@ -268,6 +268,7 @@ def main(argv=None) -> dict:
             for m, t in timings.items()
         },
         untuned=[m for m in batches if m not in timings],
+        table=table,  # the file's contents, so a report fetched without the file still carries them
     )
     pathlib.Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.report).write_text(json.dumps(report, indent=1))
