@@ -20,6 +20,7 @@ the timing loop starts on compiled kernels.
     python3 scripts/tune_moe.py                      # BF16 experts, TP1
     python3 scripts/tune_moe.py --dtype fp8_w8a8     # --quantization fp8 (per-tensor fp8 weights)
     python3 scripts/tune_moe.py --fused-shared       # --enforce-shared-experts-fusion: expert E = the shared one
+    python3 scripts/tune_moe.py --install R.json     # the table of a report written elsewhere, into --out-dir
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--compile-only", default=None, metavar="I/N", help=argparse.SUPPRESS)  # internal: worker I of N
     p.add_argument("--out-dir", default=str(REPO / "python" / "sglang_m3" / "moe_configs"))
     p.add_argument("--report", default="bench_results/tune_moe.json")
+    p.add_argument("--install", default=None, metavar="REPORT", help="write a report's table into --out-dir; no GPU")
     return p.parse_args(argv)
 
 
@@ -121,8 +123,22 @@ def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, t
     }
 
 
+def install(report_path: str, out_dir: str) -> pathlib.Path:
+    """The config file a tuning run wrote, rebuilt from its report (its name and ``table``)."""
+    report = json.loads(pathlib.Path(report_path).read_text())
+    if "table" not in report:
+        raise SystemExit(f"--install {report_path}: the report has no 'table' (written by an older tune_moe.py)")
+    out = pathlib.Path(out_dir) / pathlib.Path(report["file"]).parent.name / pathlib.Path(report["file"]).name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report["table"], indent=1) + "\n")
+    return out
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.install:
+        print(f"wrote {install(args.install, args.out_dir)}")
+        return {}
     import torch
     import triton
     from sglang.srt import runtime_context

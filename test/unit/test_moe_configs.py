@@ -73,3 +73,32 @@ def test_tuner_candidates_and_table():
         "8": TUNED,
         "4096": tune["as_config"](slow),
     }
+
+
+def test_install_rebuilds_the_file_from_a_report(tmp_path):
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    name = "E=128,N=3072,device_name=NVIDIA_H200.json"
+    table = {"1": TUNED, "8192": {k: TUNED[k] for k in list(TUNED)[:4]}}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(dict(file=f"/elsewhere/moe_configs/triton_3_6_0/{name}", table=table)))
+    out = tune["install"](str(report), str(tmp_path / "configs"))
+    assert out == tmp_path / "configs" / "triton_3_6_0" / name and json.loads(out.read_text()) == table
+    report.write_text(json.dumps(dict(file=name)))
+    with pytest.raises(SystemExit, match="has no 'table'"):
+        tune["install"](str(report), str(tmp_path / "configs"))
+
+
+def test_committed_configs_cover_the_tuned_token_counts():
+    """Every committed file: SGLang's format, every token count the tuner runs, complete configs."""
+    from sglang_m3 import moe_configs
+
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    files = sorted(moe_configs.ROOT.glob("triton_*/E=*.json"))
+    assert files, "no tuned config committed"
+    counts = sorted(int(m) for m in tune["DECODE_AND_PREFILL"].split(","))
+    for path in files:
+        table = json.loads(path.read_text())
+        assert sorted(int(m) for m in table) == counts, path.name
+        for config in table.values():
+            assert set(tune["CONFIG_KEYS"][:4]) <= set(config) <= set(tune["CONFIG_KEYS"]), path.name
+            assert all(isinstance(v, int) and v > 0 for v in config.values()), path.name
