@@ -13,9 +13,10 @@ Candidates: the ``--candidates`` configs SGLang itself ships most often for Hopp
 H20 files of the same dtype), plus SGLang's default for each token count. Each config is compiled and
 timed at every ``--batches`` token count: ``--reps`` calls (fewer above 512 tokens) captured in one CUDA graph,
 replayed ``--iters`` times, the median replay over the calls (graphs as decode runs them, no launch gaps).
-Triton compiles each config once per specialisation; ``--compile-jobs`` processes compile them all first, in
-parallel, into Triton's on-disk cache (on a few experts' weights: the kernels do not depend on the count), so
-the timing loop starts on compiled kernels.
+Triton compiles each config once per specialisation (the kernel's integer arguments, which depend on the expert
+count through SGLang's block alignment); ``--compile-jobs`` processes, as many as the GPU's free memory holds
+the experts' weights for, compile them all first, in parallel, into Triton's on-disk cache, so the timing loop
+starts on compiled kernels.
 
     python3 scripts/tune_moe.py                      # BF16 experts, TP1
     python3 scripts/tune_moe.py --dtype fp8_w8a8     # --quantization fp8 (per-tensor fp8 weights)
@@ -134,6 +135,18 @@ def install(report_path: str, out_dir: str) -> pathlib.Path:
     return out
 
 
+def compile_in_parallel(args, argv, per_job: int) -> None:
+    """``--compile-jobs`` copies of this run with ``--compile-only I/N`` (as many as the free GPU memory
+    holds at ``per_job`` bytes each), each compiling its share of the configs into Triton's disk cache."""
+    import torch
+
+    tic = time.perf_counter()
+    n = max(1, min(args.compile_jobs, torch.cuda.mem_get_info()[0] // per_job))
+    worker = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--compile-only"]
+    codes = [job.wait() for job in [subprocess.Popen([*worker, f"{i}/{n}"]) for i in range(n)]]
+    print(f"compiled in {time.perf_counter() - tic:.0f} s by {n} processes, exit codes {codes}", flush=True)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.install:
@@ -167,18 +180,23 @@ def main(argv=None) -> dict:
     fp8 = args.dtype == "fp8_w8a8"
     config_dtype = args.dtype if fp8 else None  # SGLang's dtype selector of config files
     dev = torch.device("cuda")
+    wdtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    tic = time.perf_counter()
+    if args.compile_jobs > 1 and not args.compile_only:  # before this process takes its share of the memory
+        compile_in_parallel(args, argv, per_job=3 * E * N * K * wdtype.itemsize + (4 << 30))
     torch.manual_seed(0)
-    held = min(E, 8) if args.compile_only else E  # experts whose weights this process holds
-    w1 = torch.randn(held, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(held, K, N, device=dev, dtype=torch.bfloat16) * 0.02
+    if args.compile_only:  # the values do not matter for compiling
+        w1, w2 = torch.empty(E, 2 * N, K, device=dev, dtype=wdtype), torch.empty(E, K, N, device=dev, dtype=wdtype)
+    else:
+        w1 = (torch.randn(E, 2 * N, K, device=dev, dtype=torch.bfloat16) * 0.02).to(wdtype)
+        w2 = (torch.randn(E, K, N, device=dev, dtype=torch.bfloat16) * 0.02).to(wdtype)
     quant = {}
     if fp8:  # per-tensor scale per expert, dynamic activation scales: what --quantization fp8 runs
-        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
-        ones = torch.ones(held, device=dev, dtype=torch.float32)
+        ones = torch.ones(E, device=dev, dtype=torch.float32)
         quant = dict(use_fp8_w8a8=True, w1_scale=ones, w2_scale=ones.clone())
     runner = MoeRunnerConfig(
-        num_experts=cfg.num_experts + shared if held == E else held,
-        num_local_experts=held,
+        num_experts=cfg.num_experts + shared,
+        num_local_experts=E,
         top_k=top_k,
         activation="silu",
         is_gated=True,
@@ -204,7 +222,6 @@ def main(argv=None) -> dict:
         ids = torch.where(ids < E - shared, ids, torch.full_like(ids, -1))
         if shared:
             ids = torch.cat((ids, torch.full_like(ids[:, :1], cfg.num_experts)), dim=1)
-        ids = torch.where(ids >= 0, ids % held, ids)  # a compile worker's few experts
         return x, StandardTopKOutput(torch.rand(m, top_k, device=dev), ids.to(torch.int32), None)
 
     if args.compile_only:  # worker I of N: run its share of the configs once at every M, for Triton's cache
@@ -223,12 +240,6 @@ def main(argv=None) -> dict:
     out = config_path(get_config_file_name(E, N, config_dtype), triton.__version__, pathlib.Path(args.out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     table = best_per_batch(timings, defaults)
-    tic = time.perf_counter()
-    if args.compile_jobs > 1:
-        worker = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--compile-only"]
-        jobs = [subprocess.Popen([*worker, f"{i}/{args.compile_jobs}"]) for i in range(args.compile_jobs)]
-        codes = [job.wait() for job in jobs]
-        print(f"compiled in {time.perf_counter() - tic:.0f} s by {len(jobs)} processes, exit codes {codes}", flush=True)
     for m in batches:
         if args.deadline is not None and time.perf_counter() - tic > args.deadline:
             print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
