@@ -51,6 +51,8 @@ RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/asset
 PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (importing it would load SGLang)
+# Start-up lines kept per impl: weights and KV per rank, token capacity, which fused-MoE configs ran
+STARTUP_MARKS = ("sglang-m3 per rank", "Load weight end", "max_total_num_tokens", "MoE kernel config", "tuned for M3")
 IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True)}  # (flag, on stock)
 # Kernel-name patterns -> component of a decode step (first match wins).
 COMPONENTS = (
@@ -393,7 +395,7 @@ def main(argv=None) -> dict:
             print(line, flush=True)
         results.unlink()
         for line in proc.stdout.splitlines():
-            if "sglang-m3 per rank" in line or "Load weight end" in line or "max_total_num_tokens" in line:
+            if any(mark in line for mark in STARTUP_MARKS):
                 startup_lines.setdefault(impl, []).append(line.strip()[-400:])
         if proc.returncode:
             print(proc.stdout[-6000:], file=sys.stderr)
