@@ -17,7 +17,7 @@ import re
 
 import pytest
 import torch
-from safetensors import safe_open
+from cpu_model import build_model, checkpoint_tensors, one_rank
 from sglang_m3.model.weights import map_name
 from sglang_m3.tiny import default_checkpoint
 from sglang_m3.tiny.fp8 import (
@@ -37,14 +37,6 @@ QUANTISED = re.compile(
 )
 
 
-def _tensors(path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(f, "pt") as st:
-            out.update({k: st.get_tensor(k) for k in st.keys()})
-    return out
-
-
 @pytest.fixture(scope="module")
 def src():
     return default_checkpoint("m3-tiny", "vl")
@@ -56,7 +48,7 @@ def fp8(src):
 
 
 def test_quantised_tensors_round_trip_within_the_e4m3_block_bound(src, fp8):
-    orig, copy = _tensors(src), _tensors(fp8)
+    orig, copy = checkpoint_tensors(src), checkpoint_tensors(fp8)
     quantised = sorted(n for n in orig if QUANTISED.match(n))
     assert len(quantised) == 4 * 4 + 2 + 1 + 3 * (3 * 8 + 3)  # q/k/v/o x4, dense gate/up/down, 3 MoE layers
     assert set(copy) == set(orig) | {n + "_scale_inv" for n in quantised}
@@ -121,38 +113,8 @@ def test_build_is_deterministic(src, tmp_path):
 @pytest.fixture(scope="module")
 def models(src, fp8):
     """(BF16 model, block-FP8 model), built on CPU in bf16 with SGLang's parallel state for one rank."""
-    import socket
-
-    from sglang.srt import runtime_context
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.layers.quantization.fp8 import Fp8Config
-    from sglang.srt.model_loader.utils import set_default_torch_dtype
-    from sglang.srt.server_args import ServerArgs
-    from sglang_m3.model.minimax_m3 import MiniMaxM3ForCausalLM
-    from transformers import AutoConfig
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    parallel_state.init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
-    )
-    parallel_state.initialize_model_parallel(1)
-    runtime_context.publish(ServerArgs(model_path=str(fp8), device="cpu"), role="test")
-    try:
-        built = []
-        for path in (src, fp8):
-            config = AutoConfig.from_pretrained(path)
-            qc = getattr(config, "quantization_config", None)
-            with set_default_torch_dtype(torch.bfloat16):
-                model = MiniMaxM3ForCausalLM(config, quant_config=qc and Fp8Config.from_config(qc))
-            model.load_weights(_tensors(path).items())
-            built.append(model)
-        yield tuple(built)
-    finally:
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
-        runtime_context.reset_context()
+    with one_rank(fp8):
+        yield tuple(build_model(path, torch.bfloat16) for path in (src, fp8))
 
 
 QUANT_LAYERS = re.compile(r"\.(?:qkv_proj|o_proj|gate_up_proj|down_proj)$")
@@ -188,7 +150,7 @@ def test_every_quantised_layer_gets_a_block_scale_of_the_right_shape(models):
 def test_every_scale_name_maps_to_an_existing_parameter(models, fp8):
     _, model = models
     params = dict(model.named_parameters())
-    scales = [n for n in _tensors(fp8) if n.endswith("weight_scale_inv")]
+    scales = [n for n in checkpoint_tensors(fp8) if n.endswith("weight_scale_inv")]
     assert scales
     for name in scales:
         target = map_name(name)

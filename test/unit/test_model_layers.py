@@ -47,23 +47,30 @@ def test_cos_sin_table_rows_are_the_rope_angles():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_heads, kv_heads", [(16, 1), (64, 4), (1, 1)])
-def test_fused_norm_rope_matches_torch_path(q_heads, kv_heads):
-    """Main-attention layout ``[q | k | v]`` (v untouched) and the indexer's ``[index q | index k]``."""
+@pytest.mark.parametrize("with_index", [False, True])
+def test_fused_norm_rope_matches_torch_path(q_heads, kv_heads, with_index):
+    """Main-attention layout ``[q | k | v]`` (v untouched), and with the indexer's heads after it,
+    ``[q | k | v | index q | index k]`` in one launch (what a sparse layer's one qkv + index GEMM gives:
+    ``M3Attention.fuse_qkv_index``)."""
     torch.manual_seed(q_heads)
     device = "cuda"
     rope = PartialNeoxRope(FUSED_ROTARY_DIM, THETA).to(device)
     table = rope.cos_sin_table(1 << 20)
     T = 37
     positions = torch.randint(0, 1 << 20, (T,), device=device)
-    x = torch.randn(T, (q_heads + 2 * kv_heads) * FUSED_HEAD_DIM, device=device).to(torch.bfloat16)
-    wq, wk = ((0.5 * torch.randn(FUSED_HEAD_DIM, device=device)).to(torch.bfloat16) for _ in range(2))
+    index_heads = kv_heads + 1 if with_index else 0  # one index q head per KV group, one shared index k
+    x = torch.randn(T, (q_heads + 2 * kv_heads + index_heads) * FUSED_HEAD_DIM, device=device).to(torch.bfloat16)
+    wq, wk, wiq, wik = ((0.5 * torch.randn(FUSED_HEAD_DIM, device=device)).to(torch.bfloat16) for _ in range(4))
     groups = [(wq, 0, q_heads), (wk, q_heads, kv_heads)]
+    if with_index:
+        first = q_heads + 2 * kv_heads
+        groups += [(wiq, first, kv_heads), (wik, first + kv_heads, 1)]
     want = norm_rope_reference(x, groups, rope, positions, EPS)
     got = x.clone()
     fused_qk_norm_rope(got, groups, table, positions, EPS)
-    normed = (q_heads + kv_heads) * FUSED_HEAD_DIM
-    torch.testing.assert_close(got[:, :normed].float(), want[:, :normed], **BF16)
-    assert torch.equal(got[:, normed:], x[:, normed:])  # v heads untouched
+    torch.testing.assert_close(got.float(), want, **BF16)
+    v = slice((q_heads + kv_heads) * FUSED_HEAD_DIM, (q_heads + 2 * kv_heads) * FUSED_HEAD_DIM)
+    assert torch.equal(got[:, v], x[:, v])  # v heads untouched
 
 
 @pytest.mark.gpu

@@ -8,6 +8,8 @@ that method routes extend batches carrying ``idx_q`` into SGLang's own MiniMax o
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.layers.linear import (
@@ -27,8 +29,9 @@ from .layers import FUSED_HEAD_DIM, FUSED_ROTARY_DIM, GemmaNorm, PartialNeoxRope
 class Indexer(nn.Module):
     """``index_q [T, H_idx, D_idx]`` (this rank's index heads: one per local KV group) and the
     shared ``index_k [T, D_idx]`` (replicated), normed and rotated. One GEMM projects both
-    (``qk_proj``: this rank's q heads' rows of ``index_q_proj``, then ``index_k_proj``).
-    Unquantised: its scores pick the pages."""
+    (``qk_proj``: this rank's q heads' rows of ``index_q_proj``, then ``index_k_proj``), or, on CUDA
+    in half precision beside an unquantised ``qkv_proj``, the attention's qkv GEMM projects them too
+    (``M3Attention.fuse_qkv_index``). Unquantised: its scores pick the pages."""
 
     def __init__(self, cfg: M3Config, heads: RankHeads, rope: PartialNeoxRope, prefix: str):
         super().__init__()
@@ -53,18 +56,21 @@ class Indexer(nn.Module):
 
         return load
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_table: torch.Tensor | None):
-        T = x.shape[0]
-        qk = self.qk_proj(x)[0]  # [T, (H_idx + 1) D_idx]
-        q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)  # views: the fused kernel writes through
-        if cos_sin_table is not None:
-            groups = [(self.q_norm.weight, 0, self.heads), (self.k_norm.weight, self.heads, 1)]
-            fused_qk_norm_rope(qk, groups, cos_sin_table, positions, self.q_norm.variance_epsilon)
-            return q.view(T, self.heads, self.dim), k
+    def norm_groups(self, first_head: int) -> list[tuple[torch.Tensor, int, int]]:
+        """``fused_qk_norm_rope`` groups of this indexer's ``[index q | index k]`` heads from ``first_head``."""
+        return [(self.q_norm.weight, first_head, self.heads), (self.k_norm.weight, first_head + self.heads, 1)]
+
+    def split(self, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T, (H_idx + 1) D_idx]`` -> views ``index_q [T, H_idx, D_idx]``, ``index_k [T, D_idx]``."""
+        q, k = qk.split([self.heads * self.dim, self.dim], dim=-1)
+        return q.view(qk.shape[0], self.heads, self.dim), k
+
+    def norm_rope(self, qk: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch path (CPU, fp32): normed and rotated copies of ``split(qk)``."""
+        q, k = self.split(qk)
         cos, sin = self.rope.cos_sin(positions)
-        q = self.q_norm(q.reshape(T, self.heads, self.dim))  # [T, H_idx, D_idx]
-        k = self.k_norm(k.reshape(T, 1, self.dim))  # [T, 1, D_idx]
-        return self.rope(q, cos, sin), self.rope(k, cos, sin).view(T, self.dim)
+        q, k = self.q_norm(q), self.k_norm(k.unsqueeze(1))  # [T, H_idx, D_idx], [T, 1, D_idx]
+        return self.rope(q, cos, sin), self.rope(k, cos, sin).view(qk.shape[0], self.dim)
 
 
 class M3Attention(nn.Module):
@@ -107,23 +113,50 @@ class M3Attention(nn.Module):
         )
         # Set by ``use_fused_norm_rope`` (CUDA, half precision): the cos/sin table of SGLang's fused kernel.
         self.cos_sin_table: torch.Tensor | None = None
+        # Set by ``fuse_qkv_index``: the one weight of both projections and where the indexer's rows start.
+        self.qkv_index: SimpleNamespace | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch) -> torch.Tensor:
         T = x.shape[0]
-        qkv, _ = self.qkv_proj(x)
+        if self.qkv_index is not None:  # one GEMM: [q | k | v | index q | index k]
+            out = self.qkv_proj.quant_method.apply(self.qkv_index, x)
+            qkv, index_qk = out[:, : self.qkv_index.split], out[:, self.qkv_index.split :]
+        else:
+            out = qkv = self.qkv_proj(x)[0]
+            index_qk = self.indexer.qk_proj(x)[0] if self.indexer is not None else None
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # views of qkv
-        if self.cos_sin_table is not None:
+        index = {}
+        if self.cos_sin_table is not None:  # in place, through the views
+            table, eps = self.cos_sin_table, self.q_norm.variance_epsilon
             groups = [(self.q_norm.weight, 0, self.num_heads), (self.k_norm.weight, self.num_heads, self.num_kv_heads)]
-            fused_qk_norm_rope(qkv, groups, self.cos_sin_table, positions, self.q_norm.variance_epsilon)
+            if self.qkv_index is not None:  # all four groups in one launch
+                groups += self.indexer.norm_groups(self.qkv_index.split // self.head_dim)
+            elif index_qk is not None:
+                fused_qk_norm_rope(index_qk, self.indexer.norm_groups(0), table, positions, eps)
+            fused_qk_norm_rope(out, groups, table, positions, eps)
+            if index_qk is not None:
+                index["index_q"], index["index_k"] = self.indexer.split(index_qk)
         else:
             cos, sin = self.rope.cos_sin(positions)
             q = self.rope(self.q_norm(q.reshape(T, self.num_heads, self.head_dim)), cos, sin).view(T, self.q_size)
             k = self.rope(self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim)), cos, sin).view(T, self.kv_size)
-        index = {}
-        if self.indexer is not None:
-            index["index_q"], index["index_k"] = self.indexer(x, positions, self.cos_sin_table)
+            if index_qk is not None:
+                index["index_q"], index["index_k"] = self.indexer.norm_rope(index_qk, positions)
         out = get_attn_backend().forward(q, k, v, self.attn, forward_batch, **index)
         return self.o_proj(out)[0]
+
+    def fuse_qkv_index(self) -> None:
+        """Project q / k / v and the indexer's q / k with one GEMM, as SGLang's own M3 path does for
+        unquantised weights: at decode sizes the indexer's narrow GEMM and its own norm launch cost more
+        than the bytes they read. The two weights are concatenated into one tensor and both layers'
+        parameters become views of it (no extra memory; a later weight load writes through); the
+        concatenation runs ``qkv_proj``'s quant method (unquantised: SGLang's GEMM dispatch)."""
+        if self.indexer is None or self.qkv_index is not None:
+            return
+        qkv, index = self.qkv_proj.weight, self.indexer.qk_proj.weight
+        fused = torch.cat([qkv.data, index.data], dim=0)  # [W_qkv + W_index, H]
+        qkv.data, index.data = fused[: qkv.shape[0]], fused[qkv.shape[0] :]
+        self.qkv_index = SimpleNamespace(weight=fused, split=qkv.shape[0])
 
 
 def fused_norm_rope_fits(cfg: M3Config) -> bool:

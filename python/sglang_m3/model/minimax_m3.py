@@ -15,6 +15,7 @@ from typing import Iterable
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
@@ -121,12 +122,20 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def post_load_weights(self) -> None:
         """After the weights are in place (our ``load_weights`` calls it; SGLang's dummy and sharded loaders
-        call it themselves): on CUDA in half precision, attention norms and rotates q / k with SGLang's
-        fused kernel, which reads one cos/sin table of every position (fp32, shared by all layers)."""
+        call it themselves, before quant methods process weights): on CUDA in half precision, attention
+        norms and rotates q / k with SGLang's fused kernel, which reads one cos/sin table of every position
+        (fp32, shared by all layers), and sparse layers with an unquantised ``qkv_proj`` project q / k / v
+        and the index q / k with one GEMM. fp32 and CPU models keep the separate layers (the token-exact
+        runs and their torch oracle)."""
         weight = self.model.embed_tokens.weight
-        if weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and fused_norm_rope_fits(self.m3):
-            attn = [layer.self_attn for layer in self.model.layers]
+        if not (weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16)):
+            return
+        attn = [layer.self_attn for layer in self.model.layers]
+        if fused_norm_rope_fits(self.m3):
             use_fused_norm_rope(attn, attn[0].rope.cos_sin_table(self.m3.max_position_embeddings))
+        for layer in attn:
+            if isinstance(layer.qkv_proj.quant_method, UnquantizedLinearMethod):
+                layer.fuse_qkv_index()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())

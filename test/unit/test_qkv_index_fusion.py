@@ -1,0 +1,95 @@
+"""One GEMM for a sparse layer's q / k / v and index q / k projections (``M3Attention.fuse_qkv_index``;
+``post_load_weights`` applies it on CUDA in half precision beside an unquantised ``qkv_proj``, as
+SGLang's own M3 path fuses them).
+
+On CPU the fusion is applied by hand to the tiny M3 in fp32, and what each sparse layer hands the
+attention backend (q, k, v, index q, index k: normed and rotated) is compared with what the separate
+projections give. Each output column is the same dot product either way; the bound (1e-6 relative)
+leaves room for a GEMM's blocking only. Also: the parameters become views of the one weight (no copy),
+and weights loaded after the fusion reach the fused GEMM.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cpu_model import build_model, checkpoint_tensors, one_rank
+from sglang_m3.model import attention
+from sglang_m3.tiny import default_checkpoint
+
+FP32 = dict(atol=1e-6, rtol=1e-6)
+INPUTS = ("q", "k", "v", "index_q", "index_k")
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return default_checkpoint("m3-tiny", "vl")
+
+
+@pytest.fixture(scope="module")
+def rank(ckpt):
+    with one_rank(ckpt):
+        yield
+
+
+class Recorder:
+    """Stands in for the attention backend: keeps what the layer hands it."""
+
+    def forward(self, q, k, v, layer, forward_batch, **index):
+        self.seen = {"q": q, "k": k, "v": v, **index}
+        return q.reshape(q.shape[0], -1).clone()
+
+
+def backend_inputs(attn, x, positions, monkeypatch) -> dict[str, torch.Tensor]:
+    recorder = Recorder()
+    monkeypatch.setattr(attention, "get_attn_backend", lambda: recorder)
+    attn(positions, x, None)
+    return {name: t.reshape(t.shape[0], -1).clone() for name, t in recorder.seen.items()}
+
+
+def sparse_layers(model):
+    return [layer.self_attn for layer in model.model.layers if layer.self_attn.indexer is not None]
+
+
+def test_fused_projection_hands_the_backend_the_same_inputs(rank, ckpt, monkeypatch):
+    model = build_model(ckpt, torch.float32)
+    layers = sparse_layers(model)
+    assert len(layers) == 3 and all(a.qkv_index is None for a in layers)  # CPU: post_load_weights keeps them apart
+    torch.manual_seed(0)
+    x = torch.randn(6, model.m3.hidden_size)
+    positions = torch.tensor([0, 3, 17, 64, 200, 4095])
+    for attn in layers:
+        want = backend_inputs(attn, x, positions, monkeypatch)
+        attn.fuse_qkv_index()
+        fused = attn.qkv_index.weight
+        assert attn.qkv_proj.weight.data_ptr() == fused.data_ptr()  # views of the one weight
+        assert attn.indexer.qk_proj.weight.data_ptr() == fused[attn.qkv_index.split :].data_ptr()
+        got = backend_inputs(attn, x, positions, monkeypatch)
+        assert set(got) == set(want) == set(INPUTS)
+        for name in INPUTS:
+            torch.testing.assert_close(got[name], want[name], **FP32, msg=name)
+    dense = model.model.layers[0].self_attn
+    dense.fuse_qkv_index()
+    assert dense.indexer is None and dense.qkv_index is None  # nothing to fuse on a dense layer
+
+
+def test_weights_loaded_after_the_fusion_reach_the_fused_gemm(rank, ckpt, monkeypatch):
+    """A second load (as a weight update does) writes through the views into the fused weight."""
+    torch.manual_seed(1)
+    tensors = checkpoint_tensors(ckpt)
+    changed = {
+        n: t + torch.randn_like(t) if n.endswith("_proj.weight") and ".self_attn." in n else t
+        for n, t in tensors.items()
+    }
+    fused = build_model(ckpt, torch.float32)
+    for attn in sparse_layers(fused):
+        attn.fuse_qkv_index()
+    fused.load_weights(changed.items())
+    reference = build_model(ckpt, torch.float32, changed)
+    x, positions = torch.randn(4, fused.m3.hidden_size), torch.tensor([1, 30, 99, 1000])
+    for got_attn, want_attn in zip(sparse_layers(fused), sparse_layers(reference)):
+        assert got_attn.qkv_index is not None
+        got = backend_inputs(got_attn, x, positions, monkeypatch)
+        want = backend_inputs(want_attn, x, positions, monkeypatch)
+        for name in INPUTS:
+            torch.testing.assert_close(got[name], want[name], **FP32, msg=name)
