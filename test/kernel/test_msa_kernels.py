@@ -81,17 +81,19 @@ def ints_like(shape, g):
     return torch.randint(-8, 9, shape, device=DEV, generator=g).float()
 
 
-def make_index_k(kind, slots, g):
-    """Integer index-K cache ``[slots, 128]`` of bf16/fp8/fp32: (cache, k_scale, dequantised fp32 view)."""
-    (cache, scale, _), view = make_cache(kind, slots, 1, 128, g, ints=True)  # fp8: scale 0.5, exact
+def make_index_k(kind, slots, g, dim=128):
+    """Integer index-K cache ``[slots, dim]`` of bf16/fp8/fp32: (cache, k_scale, dequantised fp32 view)."""
+    (cache, scale, _), view = make_cache(kind, slots, 1, dim, g, ints=True)  # fp8: scale 0.5, exact
     return cache[:, 0], scale, view[:, 0]
 
 
 CASES = {
-    # name: (lens, block, topk, kv_heads, group, verify, prefill)
-    "tp4_decode_verify": ([300, 2100, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (1, 3, 4), ()),
-    "small_prefill": ([40, 150, 97, 16, 260], 16, 4, 2, 4, (1,), (2, 4)),
-    "tp4_decode_only": ([300, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (), ()),  # single-row score path
+    # name: (lens, block, topk, kv_heads, group, verify, prefill, head dim of attention and index)
+    "tp4_decode_verify": ([300, 2100, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (1, 3, 4), (), 128),
+    "small_prefill": ([40, 150, 97, 16, 260], 16, 4, 2, 4, (1,), (2, 4), 128),
+    "tp4_decode_only": ([300, 5000, 9000, 128 * 16 + 1], 128, 16, 1, 16, (), (), 128),  # single-row score path
+    # the tiny M3's shapes (test/e2e engines on CUDA): head and index dim 32, 4 q heads per KV head
+    "tiny_m3": ([40, 150, 97, 16, 260], 16, 4, 1, 4, (1,), (2, 4), 32),
     # 64 uneven decode rows: score programs of many pages whose chunks end mid-request
     "tp4_decode_64_uneven": (
         torch.randint(1, 20000, (64,), generator=torch.Generator().manual_seed(5)).tolist(),
@@ -101,6 +103,7 @@ CASES = {
         16,
         (),
         (),
+        128,
     ),
 }
 
@@ -108,11 +111,11 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("kdtype", ["fp32", "bf16", "fp8"])
 def test_topk_matches_reference(case, kdtype):
-    lens, block, topk, hkv, _, verify, prefill = CASES[case]
+    lens, block, topk, hkv, _, verify, prefill, dim = CASES[case]
     g = torch.Generator(device=DEV).manual_seed(hash((case, kdtype)) % 2**31)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=len(kdtype))
-    iq = ints_like((len(rr), hkv, 128), g)
-    cache, ks, view = make_index_k(kdtype, slots, g)
+    iq = ints_like((len(rr), hkv, dim), g)
+    cache, ks, view = make_index_k(kdtype, slots, g, dim)
     got = msa_topk(iq, cache, pt, rr, rp, block_size=block, topk=topk, local_blocks=1, k_scale=ks)
     ref = msa_topk_ref(iq, view, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
     assert got.shape == ref.shape and got.dtype == torch.int32
@@ -123,21 +126,21 @@ def test_topk_matches_reference(case, kdtype):
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "fp8", "nvfp4"])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_attention_matches_reference(case, kind, sparse, peaked_q, rel_err):
-    lens, block, topk, hkv, group, verify, prefill = CASES[case]
+    lens, block, topk, hkv, group, verify, prefill, dim = CASES[case]
     g = torch.Generator(device=DEV).manual_seed(hash((case, kind, sparse)) % 2**31)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=3)
     num_rows = len(rr)
-    (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
-    (vc, vs, vsc), vview = make_cache(kind, slots, hkv, 128, g)
+    (kc, ks, ksc), kview = make_cache(kind, slots, hkv, dim, g)
+    (vc, vs, vsc), vview = make_cache(kind, slots, hkv, dim, g)
     block_ids = None
     if sparse:
-        iq = torch.randn(num_rows, hkv, 128, device=DEV, generator=g)
-        ik = torch.randn(slots, 128, device=DEV, generator=g)
+        iq = torch.randn(num_rows, hkv, dim, device=DEV, generator=g)
+        ik = torch.randn(slots, dim, device=DEV, generator=g)
         block_ids = msa_topk_ref(iq, ik, pt, rr, rp, block_size=block, topk=topk, local_blocks=1)
         block_ids[::3, :, 1] = -1  # holes in the middle of a selection
-    q, _ = peaked_q(kview, pt, rr, rp, block_ids, group, block, 128**-0.5, g)
+    q, _ = peaked_q(kview, pt, rr, rp, block_ids, group, block, dim**-0.5, g)
     q = q if kind == "fp32" else q.to(torch.bfloat16)
-    out = torch.full((num_rows, hkv * group, 128), float("nan"), dtype=q.dtype, device=DEV)  # poison
+    out = torch.full((num_rows, hkv * group, dim), float("nan"), dtype=q.dtype, device=DEV)  # poison
     got = msa_attention(
         q,
         kc,
@@ -147,14 +150,14 @@ def test_attention_matches_reference(case, kind, sparse, peaked_q, rel_err):
         rp,
         block_ids,
         block_size=block,
-        scale=128**-0.5,
+        scale=dim**-0.5,
         k_scale=ks,
         v_scale=vs,
         k_scales=ksc,
         v_scales=vsc,
         out=out,
     )
-    ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=block, scale=128**-0.5)
+    ref = msa_attention_ref(q.float(), kview, vview, pt, rr, rp, block_ids, block_size=block, scale=dim**-0.5)
     assert rel_err(got, ref) <= REL_ERR[kind]
 
 
@@ -163,7 +166,7 @@ def test_wrong_page_or_scale_block_fails_the_bound(kind, fault, peaked_q, rel_er
     """The bound is discriminating: one page-table entry pointing at an unused page, or one wrong
     e4m3 V scale byte, fed to the kernel and compared with the reference on the right inputs,
     exceeds it by far (the right inputs pass in the same test)."""
-    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    lens, block, topk, hkv, group, verify, *_ = CASES["tp4_decode_verify"]
     g = torch.Generator(device=DEV).manual_seed(17)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=17)
     (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
@@ -190,7 +193,7 @@ def test_wrong_page_or_scale_block_fails_the_bound(kind, fault, peaked_q, rel_er
 
 def test_store_then_attend_nvfp4_equals_dequantised_pool():
     """kv_store into an NVFP4 pool, attend, vs the same kernel on a bf16 pool of dequantised pages."""
-    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    lens, block, topk, hkv, group, verify, *_ = CASES["tp4_decode_verify"]
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=5)
     g = torch.Generator(device=DEV).manual_seed(5)
     k = torch.randn(slots, hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
@@ -224,7 +227,7 @@ def test_store_then_attend_nvfp4_equals_dequantised_pool():
 
 def test_cuda_graph_replay_matches_eager():
     """Capture topk + attention once, then replay on new positions / page tables / data."""
-    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    lens, block, topk, hkv, group, verify, *_ = CASES["tp4_decode_verify"]
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=7)
     g = torch.Generator(device=DEV).manual_seed(7)
     iq = torch.randn(len(rr), hkv, 128, device=DEV, generator=g).to(torch.bfloat16)
@@ -283,7 +286,7 @@ def test_bad_inputs_raise_value_error():
 def test_topk_bf16_q_matches_reference(case, stages, kdtype):
     """bf16 q (the served dtype: tensor-core dots) with 1-3 index-K pages in flight per score program."""
     settings = TopkSettings() if stages is None else TopkSettings(score_stages=stages, score_stages_fp8=stages)
-    lens, block, topk, hkv, _, verify, prefill = CASES[case]
+    lens, block, topk, hkv, _, verify, prefill, _ = CASES[case]
     g = torch.Generator(device=DEV).manual_seed(hash((case, stages, kdtype)) % 2**31)
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, prefill=prefill, seed=3)
     iq = ints_like((len(rr), hkv, 128), g).to(torch.bfloat16)
@@ -321,7 +324,7 @@ def test_fused_select_equals_two_launch_path(verify, kdtype):
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "nvfp4"])
 def test_fused_merge_and_nvfp4_decode_variants_agree(kind, peaked_q, rel_err):
     """Fused split merge vs the merge launch; NVFP4 inline-PTX decode vs the Triton decode."""
-    lens, block, topk, hkv, group, verify, _ = CASES["tp4_decode_verify"]
+    lens, block, topk, hkv, group, verify, *_ = CASES["tp4_decode_verify"]
     pt, rr, rp, slots = make_batch(lens, block, verify=verify, seed=13)
     g = torch.Generator(device=DEV).manual_seed(13)
     (kc, ks, ksc), kview = make_cache(kind, slots, hkv, 128, g)
