@@ -2,6 +2,7 @@
 
 import torch
 from sglang_m3.attention.metadata import plan_decode, plan_extend, plan_verify
+from torch.utils._python_dispatch import TorchDispatchMode
 
 P = 4
 
@@ -36,3 +37,31 @@ def test_decode_is_the_one_row_ladder():
     decode = plan_decode(table, reqs, torch.tensor([8, 4]), P)  # seq_lens include the decoded token
     verify = plan_verify(table, reqs, torch.tensor([7, 3]), rows_per_req=1, page_size=P)
     assert torch.equal(decode.row_pos, verify.row_pos) and decode.row_pos.tolist() == [7, 3]
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops a plan runs, views (which launch no kernel) left out."""
+
+    VIEWS = {"aten.view.default", "aten.slice.Tensor", "aten.unsqueeze.default", "aten.expand.default"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) not in self.VIEWS:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_plans_launch_few_kernels():
+    """Decode and verify plans are recorded into every captured graph (target decode, verify, draft
+    chain and catch-up): each op is a kernel of each replayed step. Decode: the positions, the row ids,
+    the page-table gather and its division; verify adds the ladder's offsets."""
+    table, reqs, lens = _req_to_token(), torch.tensor([1, 3]), torch.tensor([8, 4])
+    with _Ops() as decode:
+        plan_decode(table, reqs, lens, P)
+    with _Ops() as verify:
+        plan_verify(table, reqs, lens, rows_per_req=4, page_size=P)
+    assert len(decode.ops) == 4, decode.ops
+    assert len(verify.ops) == 6, verify.ops

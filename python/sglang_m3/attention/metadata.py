@@ -17,9 +17,9 @@ import torch
 
 @dataclass
 class MSAMetadata:
-    page_table: torch.Tensor  # [B, max_pages] int64, physical page ids of each request in the batch
+    page_table: torch.Tensor  # [B, max_pages] int (req_to_token's dtype), physical page ids of each request
     row_req: torch.Tensor  # [T] int64, batch index of each query row
-    row_pos: torch.Tensor  # [T] int64, absolute position of each query row
+    row_pos: torch.Tensor  # [T] int, absolute position of each query row
 
     def __post_init__(self):
         devices = {self.page_table.device, self.row_req.device, self.row_pos.device}
@@ -29,7 +29,7 @@ class MSAMetadata:
 
 def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int) -> torch.Tensor:
     """``[B, max_context / page]`` page ids; bounded by the pool's capacity, not by this batch's lengths."""
-    return req_to_token[req_pool_indices, ::page_size].long() // page_size
+    return req_to_token[req_pool_indices, ::page_size] // page_size
 
 
 def plan_decode(req_to_token, req_pool_indices, seq_lens, page_size: int) -> MSAMetadata:
@@ -56,14 +56,17 @@ def plan_verify(req_to_token, req_pool_indices, seq_lens, rows_per_req: int, pag
 
     ``seq_lens`` are the committed lengths *before* this step's tokens (SGLang's
     spec-v2 convention); row ``t`` sees keys ``<= seq_len + t``, i.e. ``kv_len =
-    seq_len + qo_len`` and ``p_t = kv_len - qo_len + t``. Fixed shapes, no host sync.
+    seq_len + qo_len`` and ``p_t = kv_len - qo_len + t``. Fixed shapes, no host sync, and
+    few kernels (a plan runs in every captured decode, verify and draft graph): four for a
+    decode step, six for a verify.
     """
     batch = req_pool_indices.shape[0]
-    device = seq_lens.device
-    row_req = torch.arange(batch, device=device).repeat_interleave(rows_per_req)  # [B * R]
-    offset = torch.arange(rows_per_req, device=device).repeat(batch)  # [B * R]
+    rows = torch.arange(batch * rows_per_req, device=seq_lens.device)  # [B * R]
+    if rows_per_req == 1:
+        row_req, row_pos = rows, seq_lens
+    else:
+        row_req = rows // rows_per_req
+        row_pos = (seq_lens.unsqueeze(1) + torch.arange(rows_per_req, device=seq_lens.device)).view(-1)
     return MSAMetadata(
-        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
-        row_req=row_req,
-        row_pos=seq_lens.long()[row_req] + offset,
+        page_table=page_table_for(req_to_token, req_pool_indices, page_size), row_req=row_req, row_pos=row_pos
     )
