@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton.language as tl
+
+# Imported at collection, while test/conftest.py has Triton's interpreter on (no CUDA): Triton fixes
+# interpreted vs compiled when a kernel is decorated, and test/e2e's engines run with it off.
+from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+from sglang.kernels.ops.quantization import fp8_kernel
 from sglang_m3.tiny.fp8 import TINY_BLOCK, dequantize_block, quantize_block
 
 # (out, in) of the tiny M3's quantised linears: qkv / dense gate_up, o_proj, dense down, shared gate_up, shared down
@@ -18,8 +24,6 @@ SHAPES = [(192, 64), (64, 128), (64, 96), (64, 64), (64, 32)]
 
 @pytest.mark.parametrize("n, k", SHAPES)
 def test_triton_block_fp8_gemm_takes_32x32_blocks(n, k, monkeypatch):
-    from sglang.kernels.ops.quantization import fp8_kernel
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # the tuned-config lookup reads the GPU's name
         monkeypatch.setattr(fp8_kernel, "get_w8a8_block_fp8_configs", lambda *args: None)
@@ -54,9 +58,6 @@ def _align(topk_ids: torch.Tensor, experts: int, block_m: int):
 def test_triton_fused_moe_kernel_takes_32x32_blocks(n, k):
     """The fused MoE GEMM (both of the tiny MoE's shapes) with 32 x 32 weight blocks, fed pre-quantised
     per-token-group activations, against each routed (token, slot)'s dequantised product."""
-    import triton.language as tl
-    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     experts, tokens, top_k = 8, 9, 2
     gen = torch.Generator().manual_seed(n + k)
