@@ -136,34 +136,12 @@ def _e4m3_round(x):
 
 
 @triton.jit
-def _kv_store_kernel(
-    x_ptr,
-    loc_ptr,
-    cache_ptr,
-    scales_ptr,
-    scale,  # fp8: per-tensor scale; nvfp4: global scale
-    H,
-    stride_xt,
-    stride_xh,
-    stride_ct,
-    stride_ch,
-    stride_st,
-    stride_sh,
-    D: tl.constexpr,
-    MODE: tl.constexpr,  # 0 plain copy, 1 fp8, 2 nvfp4
-):
-    """One program per (token, head): quantise one D-row and store it at slot ``loc[t]``."""
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    slot = tl.load(loc_ptr + t).to(tl.int64)
-    if slot < 0:  # padded tokens (CUDA-graph batches) carry -1: nothing to store
-        return
-    x_row = x_ptr + t.to(tl.int64) * stride_xt + h * stride_xh
-    c_row = cache_ptr + slot * stride_ct + h * stride_ch
+def _store_row(x_row, c_row, s_row, scale, D: tl.constexpr, MODE: tl.constexpr):
+    """Quantise one D-row at ``x_row`` into the cache row ``c_row`` (and NVFP4 scales at ``s_row``)."""
     if MODE == 0:
         d = tl.arange(0, D)
         x = tl.load(x_row + d)
-        tl.store(c_row + d, x.to(cache_ptr.dtype.element_ty))
+        tl.store(c_row + d, x.to(c_row.dtype.element_ty))
     elif MODE == 1:
         d = tl.arange(0, D)
         x = tl.load(x_row + d).to(tl.float32)
@@ -189,8 +167,99 @@ def _kv_store_kernel(
         # -- pack: even element in the low nibble, odd in the high nibble --------------
         byte = tl.sum(code << (odd * 4), axis=2).to(tl.uint8)  # [NB, 8]
         tl.store(c_row + tl.arange(0, NB)[:, None] * 8 + tl.arange(0, 8)[None, :], byte)
-        s_row = scales_ptr + slot * stride_st + h * stride_sh
         tl.store(s_row + tl.arange(0, NB), s8)
+
+
+@triton.jit
+def _store_item(x_ptr, cache_ptr, scales_ptr, scale, H, sxt, sxh, sct, sch, sst, ssh, t, h, slot, D, MODE):
+    if h < H:
+        x_row = x_ptr + t.to(tl.int64) * sxt + h * sxh
+        _store_row(x_row, cache_ptr + slot * sct + h * sch, scales_ptr + slot * sst + h * ssh, scale, D, MODE)
+
+
+@triton.jit
+def _kv_store_kernel(
+    loc_ptr,
+    # one store per program-axis-2 index: (x, cache, scales, scale, heads, 6 strides) each
+    x0, c0, s0, scale0, H0, sx0t, sx0h, sc0t, sc0h, ss0t, ss0h,
+    x1, c1, s1, scale1, H1, sx1t, sx1h, sc1t, sc1h, ss1t, ss1h,
+    x2, c2, s2, scale2, H2, sx2t, sx2h, sc2t, sc2h, ss2t, ss2h,
+    D0: tl.constexpr, MODE0: tl.constexpr,  # MODE: 0 plain copy, 1 fp8, 2 nvfp4
+    D1: tl.constexpr, MODE1: tl.constexpr,
+    D2: tl.constexpr, MODE2: tl.constexpr,
+):  # fmt: skip
+    """One program per (token, head, store): quantise one D-row of that store and write it at
+    slot ``loc[t]``; heads past a store's own count do nothing."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.program_id(2)
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    if slot < 0:  # padded tokens (CUDA-graph batches) carry -1: nothing to store
+        return
+    if i == 0:
+        _store_item(x0, c0, s0, scale0, H0, sx0t, sx0h, sc0t, sc0h, ss0t, ss0h, t, h, slot, D0, MODE0)
+    elif i == 1:
+        _store_item(x1, c1, s1, scale1, H1, sx1t, sx1h, sc1t, sc1h, ss1t, ss1h, t, h, slot, D1, MODE1)
+    else:
+        _store_item(x2, c2, s2, scale2, H2, sx2t, sx2h, sc2t, sc2h, ss2t, ss2h, t, h, slot, D2, MODE2)
+
+
+MAX_STORES = 3  # K, V and index-K of one layer
+
+
+def _store_args(x: torch.Tensor, cache: torch.Tensor, scale: float, scales: torch.Tensor | None):
+    """Checked ``[T, H, D]`` views of one store's input and cache: (kernel args, D, mode)."""
+    if x.dim() == 2:
+        x = x.unsqueeze(1)
+        cache = cache.unsqueeze(1)
+        scales = None if scales is None else scales.unsqueeze(1)
+    if x.dim() != 3 or cache.dim() != 3:
+        raise ValueError(f"expected x [T, H, D] and cache [slots, H, *], got {tuple(x.shape)} and {tuple(cache.shape)}")
+    T, H, D = x.shape
+    if cache.shape[1] != H:
+        raise ValueError(f"cache must have {H} heads, got {cache.shape[1]}")
+    if D & (D - 1) or D < 16:
+        raise ValueError(f"head dim must be a power of two >= 16, got {D}")
+    if x.stride(-1) != 1 or cache.stride(-1) != 1:
+        raise ValueError("x and cache must be contiguous in the last dim")
+    if cache.dtype == torch.uint8:
+        mode = 2
+        if cache.shape[2] != D // 2:
+            raise ValueError(f"NVFP4 cache last dim must be {D // 2}, got {cache.shape[2]}")
+        if scales is None or scales.dtype != torch.float8_e4m3fn or tuple(scales.shape[1:]) != (H, D // 16):
+            raise ValueError(f"NVFP4 needs scales [slots, {H}, {D // 16}] float8_e4m3fn")
+        s_args = (scales, scales.stride(0), scales.stride(1))
+    else:
+        mode = 1 if cache.dtype == torch.float8_e4m3fn else 0
+        if cache.shape[2] != D:
+            raise ValueError(f"cache last dim must be {D}, got {cache.shape[2]}")
+        s_args = (cache, 0, 0)
+    strides = (x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), *s_args[1:])
+    return (x, cache, s_args[0], float(scale), H, *strides), D, mode
+
+
+def kv_store_many(loc: torch.Tensor, stores: list[tuple]) -> None:
+    """Up to three :func:`kv_store` writes at the same slots in one launch (a layer's K, V and
+    index-K): ``stores`` holds ``(x, cache, scale, scales)`` tuples, each as :func:`kv_store` takes
+    them (formats, head counts and head dims may differ)."""
+    if not 1 <= len(stores) <= MAX_STORES:
+        raise ValueError(f"kv_store_many takes 1 to {MAX_STORES} stores, got {len(stores)}")
+    checked = [_store_args(*store) for store in stores]
+    T = checked[0][0][0].shape[0]
+    for args, _, _ in checked:
+        if loc.shape != (args[0].shape[0],) or args[0].shape[0] != T:
+            raise ValueError(f"loc must be [{args[0].shape[0]}] (one slot per row of every x), got {tuple(loc.shape)}")
+    if T == 0:
+        return
+    padded = checked + [checked[0]] * (MAX_STORES - len(checked))  # unused slots: never reached
+    meta = {}
+    for i, (_, D, mode) in enumerate(padded):
+        meta[f"D{i}"], meta[f"MODE{i}"] = D, mode
+    heads = max(args[4] for args, _, _ in checked)
+    wide = max(D for _, D, _ in checked) > 128
+    _kv_store_kernel[(T, heads, len(checked))](
+        loc, *(a for args, _, _ in padded for a in args), **meta, num_warps=2 if wide else 1
+    )
 
 
 def kv_store(
@@ -205,7 +274,7 @@ def kv_store(
 
     The layout is chosen by ``cache.dtype``: bf16/fp16/fp32 copy, ``float8_e4m3fn`` FP8
     (``scale`` = per-tensor scale), ``uint8`` NVFP4 (``scales`` = e4m3 block scales,
-    ``scale`` = global scale). Call once for K, once for V, once for index-K.
+    ``scale`` = global scale). :func:`kv_store_many` writes a layer's K, V and index-K in one launch.
 
     Parameters
     ----------
@@ -215,51 +284,7 @@ def kv_store(
     scale : per-tensor fp32 scale (FP8) or global scale (NVFP4); ignored for plain copies.
     scales : ``[slots, H, D // 16]`` float8_e4m3fn, NVFP4 only.
     """
-    if x.dim() == 2:
-        x = x.unsqueeze(1)
-        cache = cache.unsqueeze(1)
-        scales = None if scales is None else scales.unsqueeze(1)
-    if x.dim() != 3 or cache.dim() != 3:
-        raise ValueError(f"expected x [T, H, D] and cache [slots, H, *], got {tuple(x.shape)} and {tuple(cache.shape)}")
-    T, H, D = x.shape
-    if loc.shape != (T,):
-        raise ValueError(f"loc must be [{T}], got {tuple(loc.shape)}")
-    if cache.shape[1] != H:
-        raise ValueError(f"cache must have {H} heads, got {cache.shape[1]}")
-    if D & (D - 1) or D < 16:
-        raise ValueError(f"head dim must be a power of two >= 16, got {D}")
-    if x.stride(-1) != 1 or cache.stride(-1) != 1:
-        raise ValueError("x and cache must be contiguous in the last dim")
-    if cache.dtype == torch.uint8:
-        mode = 2
-        if cache.shape[2] != D // 2:
-            raise ValueError(f"NVFP4 cache last dim must be {D // 2}, got {cache.shape[2]}")
-        if scales is None or scales.dtype != torch.float8_e4m3fn or tuple(scales.shape[1:]) != (H, D // 16):
-            raise ValueError(f"NVFP4 needs scales [slots, {H}, {D // 16}] float8_e4m3fn")
-    else:
-        mode = 1 if cache.dtype == torch.float8_e4m3fn else 0
-        if cache.shape[2] != D:
-            raise ValueError(f"cache last dim must be {D}, got {cache.shape[2]}")
-    if T == 0:
-        return
-    s_args = (scales, scales.stride(0), scales.stride(1)) if mode == 2 else (cache, 0, 0)
-    _kv_store_kernel[(T, H)](
-        x,
-        loc,
-        cache,
-        s_args[0],
-        float(scale),
-        H,
-        x.stride(0),
-        x.stride(1),
-        cache.stride(0),
-        cache.stride(1),
-        s_args[1],
-        s_args[2],
-        D=D,
-        MODE=mode,
-        num_warps=1 if D <= 128 else 2,
-    )
+    kv_store_many(loc, [(x, cache, scale, scales)])
 
 
 def dequantize_cache(

@@ -70,7 +70,8 @@ def test_pool_round_trip_and_budget(kv_dtype):
         untouched[loc] = False
         assert not got_k[untouched].any()  # writes touched nothing else
     ik = torch.randn(3, 32, generator=g)
-    pool.set_index_k_buffer(_Layer(1), loc, ik)
+    k, v = torch.randn(3, 1, 32, generator=g), torch.randn(3, 1, 32, generator=g)
+    pool.set_kv_buffer(_Layer(1), loc, k, v, index_k=ik)  # a sparse layer's three stores in one call
     tol = 0 if layout.index == "plain" else 0.07  # FP8 e4m3: 3 mantissa bits, relative step 2^-4
     torch.testing.assert_close(pool.read_index_k(1)[loc], ik, atol=tol * ik.abs().max().item(), rtol=0)
 
@@ -112,3 +113,30 @@ def test_checkpoint_scales_widen_the_fp8_range():
     got_k, got_v = results[True]
     torch.testing.assert_close(got_k, k, rtol=0.0625, atol=0)  # e4m3: 3 mantissa bits, half-ulp 1/16
     torch.testing.assert_close(got_v, v, rtol=0.0625, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3", "nvfp4"])
+def test_cuda_pool_writes_the_bytes_the_cpu_pool_writes(kv_dtype):
+    """On CUDA a layer's K, V and index-K go through one fused Triton launch (``write_rows``); on CPU
+    through the references. Same pool, same rows, padded slot -1 skipped: the same bytes, in bf16."""
+    from sglang_m3.tiny.build import released_text_config
+
+    cfg = M3Config.from_text_dict(released_text_config("m3-tiny"), "MiniMaxM3SparseForCausalLM")
+    layout = layout_for(kv_dtype, torch.bfloat16)
+    pools = {dev: M3KVPool(64, 16, cfg, layout, dev) for dev in ("cpu", "cuda")}
+    g = torch.Generator().manual_seed(1)
+    loc = torch.tensor([17, -1, 3, 40])
+    k, v = (torch.randn(4, 1, 32, generator=g).to(torch.bfloat16) for _ in range(2))
+    ik = torch.randn(4, 32, generator=g).to(torch.bfloat16)
+    for dev, pool in pools.items():
+        keep = loc >= 0  # the CPU references take real slots only
+        rows = (loc, k, v, ik) if dev == "cuda" else (loc[keep], k[keep], v[keep], ik[keep])
+        l_, k_, v_, i_ = (t.to(dev) for t in rows)
+        pool.set_kv_buffer(_Layer(1), l_, k_, v_, index_k=i_)
+    for name in ("k", "v", "index_k"):
+        cpu, cuda = getattr(pools["cpu"], name)[1], getattr(pools["cuda"], name)[1]
+        assert cpu.data.view(torch.uint8).any()
+        assert torch.equal(cuda.data.cpu().view(torch.uint8), cpu.data.view(torch.uint8)), name
+        if cpu.scales is not None:
+            assert torch.equal(cuda.scales.cpu().view(torch.uint8), cpu.scales.view(torch.uint8)), name

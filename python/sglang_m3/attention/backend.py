@@ -92,16 +92,14 @@ class M3MSABackend(AttentionBackend):
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, index_q, index_k):
         lid, T = layer.layer_id, q.shape[0]
-        if save_kv_cache:
-            loc = forward_batch.out_cache_loc
+        if save_kv_cache:  # K, V and index-K in one store
             self.pool.set_kv_buffer(
                 layer,
-                loc,
+                forward_batch.out_cache_loc,
                 k.view(T, layer.tp_k_head_num, layer.qk_head_dim),
                 v.view(T, layer.tp_v_head_num, layer.v_head_dim),
+                index_k=index_k,
             )
-            if index_k is not None:
-                self.pool.set_index_k_buffer(layer, loc, index_k)
         block_ids = self._select(index_q, lid) if index_q is not None else None
         out = self._attend(q.view(T, layer.tp_q_head_num, layer.qk_head_dim), lid, block_ids, layer.scaling)
         return out.view(T, -1)

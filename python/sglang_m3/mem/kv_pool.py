@@ -5,8 +5,8 @@ target KV, index-K, scales and draft KV together. Page size == MSA block size.
 
 Each row store holds one format (``layout.py``): plain, FP8 (per-tensor scale) or
 NVFP4 (E2M1 pairs + E4M3 block scales + global scale); quantised on write,
-dequantised on read. On CUDA writes go through the fused Triton store; on CPU
-through the PyTorch references, which are its oracle.
+dequantised on read. On CUDA a layer's K, V and index-K go through one launch of the fused
+Triton store; on CPU through the PyTorch references, which are its oracle.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang_m3_kernels.kv_quant import (
     dequantize_cache,
     fp8_quantize_ref,
-    kv_store,
+    kv_store_many,
     nvfp4_quantize_ref,
 )
 
@@ -51,10 +51,8 @@ class RowStore:
         return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
 
     def write(self, loc: torch.Tensor, x: torch.Tensor) -> None:
-        """Quantise ``x [T, heads, dim]`` into slots ``loc [T]``."""
-        if self.data.is_cuda:
-            kv_store(x, loc, self.data, scale=self.scale, scales=self.scales)
-            return
+        """Quantise ``x [T, heads, dim]`` into slots ``loc [T]`` (the PyTorch references; on CUDA
+        ``write_rows`` takes the fused Triton store)."""
         loc = loc.long()
         if self.fmt == PLAIN:
             self.data[loc] = x.to(self.data.dtype)
@@ -68,6 +66,16 @@ class RowStore:
     def read(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dequantised copy of every slot (the reference path's view)."""
         return dequantize_cache(self.data, scale=self.scale, scales=self.scales, dtype=dtype)
+
+
+def write_rows(loc: torch.Tensor, rows: list[tuple[RowStore, torch.Tensor]]) -> None:
+    """Each ``(store, x [T, heads, dim])`` quantised into its store at slots ``loc [T]``: on CUDA one
+    Triton launch for all of them (a layer's K, V and index-K), on CPU the references."""
+    if loc.is_cuda:
+        kv_store_many(loc, [(x, store.data, store.scale, store.scales) for store, x in rows])
+        return
+    for store, x in rows:
+        store.write(loc, x)
 
 
 class M3KVPool(KVCache):
@@ -116,12 +124,13 @@ class M3KVPool(KVCache):
                 self.k[lid].scale, self.v[lid].scale = k_scale, v_scale
 
     # -- writes (quantise on write) -------------------------------------------------------
-    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
-        self.k[layer.layer_id].write(loc, cache_k)
-        self.v[layer.layer_id].write(loc, cache_v)
-
-    def set_index_k_buffer(self, layer, loc, index_k: torch.Tensor) -> None:
-        self.index_k[layer.layer_id].write(loc, index_k.reshape(index_k.shape[0], 1, -1))
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, index_k=None, **kwargs) -> None:
+        """K, V ``[T, heads, dim]`` and, on sparse layers, ``index_k [T, index_dim]`` at slots ``loc``."""
+        lid = layer.layer_id
+        rows = [(self.k[lid], cache_k), (self.v[lid], cache_v)]
+        if index_k is not None:
+            rows.append((self.index_k[lid], index_k.reshape(index_k.shape[0], 1, -1)))
+        write_rows(loc, rows)
 
     # -- reads ----------------------------------------------------------------------------
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
