@@ -245,10 +245,10 @@ def kv_store_many(loc: torch.Tensor, stores: list[tuple]) -> None:
     if not 1 <= len(stores) <= MAX_STORES:
         raise ValueError(f"kv_store_many takes 1 to {MAX_STORES} stores, got {len(stores)}")
     checked = [_store_args(*store) for store in stores]
-    T = checked[0][0][0].shape[0]
-    for args, _, _ in checked:
-        if loc.shape != (args[0].shape[0],) or args[0].shape[0] != T:
-            raise ValueError(f"loc must be [{args[0].shape[0]}] (one slot per row of every x), got {tuple(loc.shape)}")
+    rows = sorted({args[0].shape[0] for args, _, _ in checked})
+    if len(rows) != 1 or loc.shape != (rows[0],):
+        raise ValueError(f"loc must be [T] for x of T rows each, got loc {tuple(loc.shape)} and x rows {rows}")
+    T = rows[0]
     if T == 0:
         return
     padded = checked + [checked[0]] * (MAX_STORES - len(checked))  # unused slots: never reached
