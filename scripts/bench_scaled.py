@@ -58,9 +58,10 @@ IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True
 COMPONENTS = (
     ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
     ("indexer", ("index", "topk", "select", "score")),
-    ("attention", ("attn", "attention", "msa", "decode_", "_fwd_kernel", "merge", "flash", "kv_store", "store_kv")),
+    ("norm", ("norm",)),  # before attention: flashinfer's norm kernels are named flashinfer::norm::...
+    # "_fwd_": SGLang's Triton decode attention (_fwd_grouped_kernel_stage1, _fwd_kernel_stage2), stock's dense layers
+    ("attention", ("attn", "attention", "msa", "decode_", "_fwd_", "merge", "flash", "kv_store", "store_kv")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90", "matmul", "splitk", "gemv")),
-    ("norm", ("norm",)),
     ("sampling", ("softmax", "argmax", "sampl", "log_softmax", "logit")),
 )
 
