@@ -73,6 +73,12 @@ def test_trace_reduction(bench, tmp_path):
     assert out["attention"] == pytest.approx(0.015) and out["norm"] == pytest.approx(0.005)
     assert out["other"] == pytest.approx(0.005)
     assert out["host_gaps"] == pytest.approx(0.025) and out["step"] == pytest.approx(0.125)
+    assert out["launches_per_step"] == dict.fromkeys(("moe", "gemm", "norm", "other"), 0.5) | {
+        "indexer": 0.0,
+        "attention": 1.0,
+        "sampling": 0.0,
+        "total": 3.0,
+    }
 
 
 @pytest.mark.parametrize("impl", ["stock+fused-shared", "ours+tuned-moe", "stock+one-stream", "ours+two-streams"])
