@@ -7,17 +7,27 @@ attention backend (q, k, v, index q, index k: normed and rotated) is compared wi
 projections give. Each output column is the same dot product either way; the bound (1e-6 relative)
 leaves room for a GEMM's blocking only. Also: the parameters become views of the one weight (no copy),
 and weights loaded after the fusion reach the fused GEMM.
+
+At the release's head shapes (head and index dim 128, 64 rotary dims) on CUDA in bf16, the layer's whole
+fast path (one GEMM, one launch of SGLang's fused norm + RoPE over four head groups) against its torch
+path (two GEMMs, Gemma norms, our RoPE) on the same weights: bf16 bound as in test_model_layers.py (the
+torch path rounds the norm's output to bf16 before rotating; the fused kernel rounds once).
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from cpu_model import build_model, checkpoint_tensors, one_rank
+from sglang_m3.config import M3Config
 from sglang_m3.model import attention
 from sglang_m3.tiny import default_checkpoint
+from sglang_m3.tiny.build import released_text_config
 
 FP32 = dict(atol=1e-6, rtol=1e-6)
+BF16 = dict(atol=3e-2, rtol=1e-2)
 INPUTS = ("q", "k", "v", "index_q", "index_k")
 
 
@@ -93,3 +103,38 @@ def test_weights_loaded_after_the_fusion_reach_the_fused_gemm(rank, ckpt, monkey
         want = backend_inputs(want_attn, x, positions, monkeypatch)
         for name in INPUTS:
             torch.testing.assert_close(got[name], want[name], **FP32, msg=name)
+
+
+def release_shaped_layer(device: str, dtype: torch.dtype) -> attention.M3Attention:
+    """A sparse M3 attention layer with the release's head shapes (4 q heads, 1 KV head), random weights."""
+    spec = released_text_config("m3-tiny")
+    spec.update(hidden_size=256, head_dim=128)
+    spec["sparse_attention_config"] = dict(spec["sparse_attention_config"], sparse_index_dim=128)
+    cfg = M3Config.from_text_dict(spec, "MiniMaxM3SparseForCausalLM")
+    assert attention.fused_norm_rope_fits(cfg) and cfg.sparse_layers[1]
+    with torch.device(device):
+        layer = attention.M3Attention(cfg, 1, prefix="model.layers.1.self_attn")
+    gen = torch.Generator().manual_seed(2)
+    for param in layer.parameters():  # unit-variance projections; norm weights near 0 (Gemma: x (1 + w))
+        scale = param.shape[-1] ** -0.5 if param.dim() > 1 else 0.2
+        param.data = (torch.randn(param.shape, generator=gen) * scale).to(device, dtype)
+    return layer  # the RoPE frequencies stay fp32, as the model builds them
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_release_shaped_layer_fast_path_matches_its_torch_path(rank, device, monkeypatch):
+    """CPU: the one GEMM only (fp32). CUDA: the one GEMM and the one four-group norm + RoPE launch (bf16)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    slow = release_shaped_layer(device, dtype)
+    fast = copy.deepcopy(slow)
+    if device == "cuda":
+        attention.use_fused_norm_rope([fast], fast.rope.cos_sin_table(8192))
+    fast.fuse_qkv_index()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 256, generator=gen).to(device, dtype)
+    positions = torch.tensor([0, 7, 300, 4095, 8191], device=device)
+    want = backend_inputs(slow, x, positions, monkeypatch)
+    got = backend_inputs(fast, x, positions, monkeypatch)
+    tolerance = BF16 if device == "cuda" else FP32
+    for name in INPUTS:
+        torch.testing.assert_close(got[name].float(), want[name].float(), **tolerance, msg=name)
