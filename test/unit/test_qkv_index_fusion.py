@@ -10,8 +10,10 @@ and weights loaded after the fusion reach the fused GEMM.
 
 At the release's head shapes (head and index dim 128, 64 rotary dims) on CUDA in bf16, the layer's whole
 fast path (one GEMM, one launch of SGLang's fused norm + RoPE over four head groups) against its torch
-path (two GEMMs, Gemma norms, our RoPE) on the same weights: bf16 bound as in test_model_layers.py (the
-torch path rounds the norm's output to bf16 before rotating; the fused kernel rounds once).
+path (two GEMMs, Gemma norms, our RoPE) on the same weights, within bf16 roundings: the torch path
+rounds the norm's output to bf16 before rotating where the fused kernel rounds once, and the two GEMMs
+may round a projection differently from the one (1 ulp, 2^-8 relative). A wrong head group or offset
+moves values by O(1).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from sglang_m3.tiny import default_checkpoint
 from sglang_m3.tiny.build import released_text_config
 
 FP32 = dict(atol=1e-6, rtol=1e-6)
-BF16 = dict(atol=3e-2, rtol=1e-2)
+BF16 = dict(atol=3e-2, rtol=2e-2)  # about 3 bf16 ulps at the largest values (~4.5)
 INPUTS = ("q", "k", "v", "index_q", "index_k")
 
 
