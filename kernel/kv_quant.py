@@ -22,6 +22,8 @@ writes bit-identical bytes to the references, which the layout-equivalence tests
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -207,8 +209,18 @@ def _kv_store_kernel(
 MAX_STORES = 3  # K, V and index-K of one layer
 
 
-def _store_args(x: torch.Tensor, cache: torch.Tensor, scale: float, scales: torch.Tensor | None):
-    """Checked ``[T, H, D]`` views of one store's input and cache: (kernel args, D, mode)."""
+class _Store(NamedTuple):
+    """One store of a launch, checked: its kernel arguments and the shapes the launch needs."""
+
+    args: tuple  # (x, cache, scales, scale, H, 6 strides), in _kv_store_kernel's order
+    rows: int  # T
+    heads: int  # H
+    dim: int  # D
+    mode: int  # 0 plain copy, 1 fp8, 2 nvfp4
+
+
+def _store_args(x: torch.Tensor, cache: torch.Tensor, scale: float, scales: torch.Tensor | None) -> _Store:
+    """Checked ``[T, H, D]`` views of one store's input and cache."""
     if x.dim() == 2:
         x = x.unsqueeze(1)
         cache = cache.unsqueeze(1)
@@ -235,7 +247,7 @@ def _store_args(x: torch.Tensor, cache: torch.Tensor, scale: float, scales: torc
             raise ValueError(f"cache last dim must be {D}, got {cache.shape[2]}")
         s_args = (cache, 0, 0)
     strides = (x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), *s_args[1:])
-    return (x, cache, s_args[0], float(scale), H, *strides), D, mode
+    return _Store((x, cache, s_args[0], float(scale), H, *strides), T, H, D, mode)
 
 
 def kv_store_many(loc: torch.Tensor, stores: list[tuple]) -> None:
@@ -245,7 +257,7 @@ def kv_store_many(loc: torch.Tensor, stores: list[tuple]) -> None:
     if not 1 <= len(stores) <= MAX_STORES:
         raise ValueError(f"kv_store_many takes 1 to {MAX_STORES} stores, got {len(stores)}")
     checked = [_store_args(*store) for store in stores]
-    rows = sorted({args[0].shape[0] for args, _, _ in checked})
+    rows = sorted({store.rows for store in checked})
     if len(rows) != 1 or loc.shape != (rows[0],):
         raise ValueError(f"loc must be [T] for x of T rows each, got loc {tuple(loc.shape)} and x rows {rows}")
     T = rows[0]
@@ -253,12 +265,12 @@ def kv_store_many(loc: torch.Tensor, stores: list[tuple]) -> None:
         return
     padded = checked + [checked[0]] * (MAX_STORES - len(checked))  # unused slots: never reached
     meta = {}
-    for i, (_, D, mode) in enumerate(padded):
-        meta[f"D{i}"], meta[f"MODE{i}"] = D, mode
-    heads = max(args[4] for args, _, _ in checked)
-    wide = max(D for _, D, _ in checked) > 128
+    for i, store in enumerate(padded):
+        meta[f"D{i}"], meta[f"MODE{i}"] = store.dim, store.mode
+    heads = max(store.heads for store in checked)
+    wide = max(store.dim for store in checked) > 128
     _kv_store_kernel[(T, heads, len(checked))](
-        loc, *(a for args, _, _ in padded for a in args), **meta, num_warps=2 if wide else 1
+        loc, *(a for store in padded for a in store.args), **meta, num_warps=2 if wide else 1
     )
 
 
