@@ -373,7 +373,8 @@ def main(argv=None) -> dict:
     for impl in impls:
         flag = impl.partition("+")[2]
         if flag and (flag, impl.startswith("stock")) not in IMPL_FLAGS:
-            raise SystemExit(f"--impls: unknown {impl!r} (flags: ours+fused-shared, ours+one-stream, stock+tuned-moe)")
+            known = ", ".join(f"{'stock' if on_stock else 'ours'}+{f}" for f, on_stock in sorted(IMPL_FLAGS))
+            raise SystemExit(f"--impls: unknown {impl!r} (flags: {known})")
     model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
