@@ -25,7 +25,8 @@ Measured per implementation: decode TPOT at every ``--batches`` with ``--input-l
 at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
 of the batch is decoding), prefill latency of one prompt per ``--prefill-lens``, and, at
 ``--profile-batches``, a torch-profiler trace of decode steps reduced to time per component.
-Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``).
+Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``, by default
+this GPU's device-to-device copy bandwidth measured in the same run: ~4.3 TB/s on an H200, ~3.0 on an H100).
 
     python3 scripts/bench_scaled.py --out benchmarks/e2e_scaled.json
 """
@@ -84,7 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--model-path", default=None, help="an M3 checkpoint directory instead of the cut release")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--hbm-tbps", type=float, default=4.3, help="HBM bandwidth of the floor (H200: ~4.3 TB/s)")
+    p.add_argument("--hbm-tbps", type=float, default=0.0, help="HBM bandwidth of the floor (0: measure this GPU's)")
     p.add_argument("--out", default="bench_results/e2e_scaled.json")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -340,6 +341,36 @@ def run_one(args) -> None:
         engine.shutdown()
 
 
+HBM_PROBE = """
+import torch
+x = torch.empty(1 << 32, dtype=torch.uint8, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(10):
+    y.copy_(x)
+end.record()
+torch.cuda.synchronize()
+print(2 * 10 * x.numel() / (start.elapsed_time(end) / 1e3) / 1e12)
+"""
+
+
+def measure_hbm_tbps() -> float:
+    """TB/s of a 4 GiB device-to-device copy (bytes read + written), in its own process so that no CUDA
+    context stays beside the engines: the floor's bandwidth measured on the card the TPOTs ran on."""
+    out = subprocess.run([sys.executable, "-c", HBM_PROBE], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def resolve_hbm_tbps(args) -> None:
+    """``--hbm-tbps 0``: this GPU's, measured (on CPU, where floors mean nothing, the H200's 4.3)."""
+    if not args.hbm_tbps:
+        args.hbm_tbps = measure_hbm_tbps() if args.device == "cuda" else 4.3
+        print(f"HBM bandwidth of the floors: {args.hbm_tbps:.2f} TB/s", flush=True)
+
+
 def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
     """Add ``floor_ms`` (and ``vs_floor``) to every TPOT record of an unquantised or fp8 run: the bytes one
     rank must move at ``--tp-size`` / ``--ep-size`` (the ranks move theirs at once; the all-reduces are
@@ -375,6 +406,7 @@ def main(argv=None) -> dict:
         if flag and (flag, impl.startswith("stock")) not in IMPL_FLAGS:
             known = ", ".join(f"{'stock' if on_stock else 'ours'}+{f}" for f, on_stock in sorted(IMPL_FLAGS))
             raise SystemExit(f"--impls: unknown {impl!r} (flags: {known})")
+    resolve_hbm_tbps(args)
     model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

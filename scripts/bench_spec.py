@@ -104,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--hbm-tbps", type=float, default=4.3)
+    p.add_argument("--hbm-tbps", type=float, default=0.0, help="HBM bandwidth of the floors (0: measure this GPU's)")
     p.add_argument("--out", default="bench_results/spec_phases.json")
     p.add_argument(
         "--resume",
@@ -611,6 +611,7 @@ def main(argv=None) -> dict:
     from sglang_m3.sizing import draft_weight_bytes
 
     argv = sys.argv[1:] if argv is None else argv
+    scaled.resolve_hbm_tbps(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.model_path:
