@@ -26,7 +26,6 @@ holds the references, the launcher with its input checks, and its tuning knobs
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,13 +45,16 @@ class TopkSettings:
     dim 128, block 128, top-16); ``docs/perf-notes.md`` says what else was tried.
     """
 
-    # Score grid: each request's pages are cut into chunks, one program per (row tile, chunk).
-    # The pages per program (at most score_most_pages) minimise waves x (pages + 1), a wave
-    # being SM count x score_slots resident programs (+1: a program's start-up costs about one
-    # page), so the programs come in whole waves. 4 programs fit an SM (90-114 registers, 37 KB
-    # of shared memory on sm_90); assuming 2, 3 or 6 was slower or even.
+    # Score grid: one wave. SM count x score_slots programs fit the GPU at once (4 fit an SM:
+    # 90-114 registers, 37 KB of shared memory on sm_90; assuming 2, 3 or 6 was slower or even);
+    # each row tile gets an equal share of them (at least one), and program c of a tile's G
+    # takes its pages c, c + G, ... up to the tile's own last block. The grid cannot follow the
+    # batch's lengths (graph safe), and the page table is as wide as the model's longest context
+    # (8,192 pages for M3's 1M), so a grid sized from the table's width ran mostly empty programs:
+    # 16 waves of them at batch 32 x 8K, where one wave of 16 programs a tile, 4 pages each, does.
     score_slots: int = 4
-    score_most_pages: int = 32
+    # page ids a score program loads at once, before the loop over those pages
+    score_page_ids: int = 32
     # pipeline stages of the score loop (num_stages - 1 index-K pages in flight per program):
     # a bf16 / fp16 / fp32 index-K page (32 KB) fills the SM's memory pipe with one in flight;
     # FP8 pages (16 KB) take two
@@ -74,7 +76,7 @@ class TopkSettings:
     def __post_init__(self):
         for name in (
             "score_slots",
-            "score_most_pages",
+            "score_page_ids",
             "score_stages",
             "score_stages_fp8",
             "score_warps",
@@ -198,15 +200,10 @@ def msa_topk_shared_ref(
     return out
 
 
-@functools.lru_cache(maxsize=4096)
-def _score_pages(n_tiles: int, max_pages: int, slots: int, most: int) -> int:
-    """Pages per score program for ``slots`` resident programs, at most ``most``; shapes only."""
-
-    def cost(pages):
-        waves = -(-n_tiles * -(-max_pages // pages) // slots)
-        return waves * (pages + 1), -pages  # ties: fewer, longer programs
-
-    return min(range(1, min(most, max_pages) + 1), key=cost)
+def score_programs(n_tiles: int, max_pages: int, slots: int) -> int:
+    """Score programs per row tile: the tiles share one wave of ``slots`` resident programs (at least
+    one program a tile, at most one a page); shapes only, so graph safe."""
+    return max(1, min(max_pages, slots // n_tiles))
 
 
 def _check_rows(name, page_table, row_req, row_pos, num_rows):
@@ -274,7 +271,7 @@ def msa_topk(
     block_r = max(1, min(triton.next_power_of_2(rows_per_req), max(1, 64 // H)))
     n_tiles = -(-R // block_r)
     k_fp8 = index_k_cache.dtype == torch.float8_e4m3fn
-    pages = _score_pages(n_tiles, max_pages, sm_count(index_q.device) * settings.score_slots, settings.score_most_pages)
+    programs = score_programs(n_tiles, max_pages, sm_count(index_q.device) * settings.score_slots)
     k2 = triton.next_power_of_2(topk)
     # the selection streams each row's blocks CHUNK at a time up to the row's own block, so
     # the page table's width (the longest context) costs a short row nothing
@@ -288,7 +285,7 @@ def msa_topk(
     pdl = use_pdl(index_q.device)
     launch = dict(launch_pdl=True) if pdl else {}
     sel = dict(BS=block_size, TOPK=topk, LOCAL=local_blocks, CHUNK=chunk, K2=k2, PDL=pdl)
-    _block_score_kernel[(n_tiles, -(-max_pages // pages))](
+    _block_score_kernel[(n_tiles, programs)](
         index_q,
         index_k_cache,
         page_table,
@@ -311,7 +308,7 @@ def msa_topk(
         D=D,
         BLOCK_R=block_r,
         BLOCK_M=max(16, triton.next_power_of_2(block_r * H)),
-        MOST=triton.next_power_of_2(settings.score_most_pages),
+        IDS=triton.next_power_of_2(settings.score_page_ids),
         Q_FP32=index_q.dtype == torch.float32,
         K_FP8=k_fp8,
         SEL_M=sel_m,

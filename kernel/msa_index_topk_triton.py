@@ -8,11 +8,13 @@ only, no host sync):
    that request ONCE and scores it for all its rows and heads with one ``tl.dot``
    ([BLOCK_R * H, D] x [D, block]); a tile spanning several requests loops over its segments.
    Verify (1 + K rows per request) and prefill thus scan the history once per tile instead of
-   once per row. The grid's page programs take the pages strided (program ``c`` of ``G``:
-   pages ``c, c + G, ...``), so however wide the page table is (it is sized for the longest
-   context, 1M tokens for M3), the pages a row actually has spread over all programs. A
-   program loads its page ids once, before its loop, so the loads of its index-K pages depend
-   on no other load and Triton's pipeliner can keep ``num_stages - 1`` of them in flight.
+   once per row. The grid is one wave of programs shared among the tiles (``score_programs``),
+   and a tile's ``G`` programs take its pages strided (program ``c``: pages ``c, c + G, ...``)
+   up to the tile's own last block, so however wide the page table is (it is sized for the
+   longest context, 1M tokens for M3), the pages a row actually has spread over all its
+   programs and no program waits for a page past them. A program loads its page ids a chunk
+   at a time, before the loop over that chunk, so the loads of its index-K pages depend on no
+   other load and Triton's pipeliner can keep ``num_stages - 1`` of them in flight.
    Output: causal block max ``[R, H, max_pages]`` fp32;
    columns past a row's own block are never written and never read.
 2. Selection: force the local blocks to +inf and extract the top-k under the total order
@@ -163,7 +165,7 @@ def _block_score_kernel(
     BS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    MOST: tl.constexpr,
+    IDS: tl.constexpr,
     Q_FP32: tl.constexpr,
     K_FP8: tl.constexpr,
     FUSE: tl.constexpr,
@@ -184,7 +186,7 @@ def _block_score_kernel(
     row_ok = (m < BLOCK_R * H) & (row < R)
     d = tl.arange(0, D)
     j = tl.arange(0, BS)
-    pp = tl.arange(0, MOST)
+    pp = tl.arange(0, IDS)
     gdc_wait(PDL)  # everything below may read what the previous kernel wrote
     req = tl.load(row_req_ptr + row, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(row_pos_ptr + row, mask=row_ok, other=-1).to(tl.int64)
@@ -204,22 +206,26 @@ def _block_score_kernel(
         leader = tl.min(tl.where(done, 9223372036854775807, req))
         seg = (req == leader) & ~done
         last_blk = tl.max(tl.where(seg, pos, -1)) // BS
-        # this program's pages up to the segment's last block; their ids, loaded up front
+        # this program's pages up to the segment's last block, IDS at a time: each chunk's ids
+        # loaded before its loop, so the loop's index-K loads depend on no other load
         n = tl.maximum(tl.cdiv(last_blk + 1 - first_page, page_stride), 0).to(tl.int32)
-        pids = tl.load(pt_ptr + leader * stride_ptr + first_page + pp * page_stride, mask=pp < n, other=0)
-        for i in range(0, n):
-            b = first_page + i * page_stride
-            page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
-            # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 --------------
-            kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
-            if Q_FP32:
-                s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BS]
-            else:
-                s = tl.dot(q, tl.trans(kt))
-            # -- token-causal mask, then block max-pool ----------------------------------
-            s = tl.where((b * BS + j)[None, :] <= pos[:, None], s, float("-inf"))
-            bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
-            tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg)
+        for base in range(0, n, IDS):
+            pids = tl.load(
+                pt_ptr + leader * stride_ptr + first_page + (base + pp) * page_stride, mask=base + pp < n, other=0
+            )
+            for i in range(0, tl.minimum(n - base, IDS)):
+                b = first_page + (base + i) * page_stride
+                page = tl.sum(tl.where(pp == i, pids, 0)).to(tl.int64)
+                # -- one index-K page [BS, D]; fp8 widens exactly to fp16 / fp32 ----------
+                kt = tl.load(k_ptr + (page * BS + j)[:, None] * stride_kt + d[None, :]).to(CDT)
+                if Q_FP32:
+                    s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BS]
+                else:
+                    s = tl.dot(q, tl.trans(kt))
+                # -- token-causal mask, then block max-pool ------------------------------
+                s = tl.where((b * BS + j)[None, :] <= pos[:, None], s, float("-inf"))
+                bmax = tl.max(s, axis=1) * k_scale  # k_scale > 0 commutes with max
+                tl.store(score_ptr + row.to(tl.int64) * stride_sr + head * stride_sh + b, bmax, mask=seg)
         done = done | seg
     gdc_launch_dependents(PDL)
     if FUSE:

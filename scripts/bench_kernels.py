@@ -71,14 +71,18 @@ def _upstream():
 class Problem:
     """One (dtype, batch, context) input set: shuffled pages, caches, rows for decode and verify."""
 
-    def __init__(self, kvq, dtype, batch, ctx, seed=0):
+    def __init__(self, kvq, dtype, batch, ctx, seed=0, table_pages=0):
         dev = "cuda"
         g = torch.Generator(device=dev).manual_seed(seed)
         self.dtype, self.batch, self.ctx = dtype, batch, ctx
         pages = -(-ctx // BLOCK)
         num_pages = batch * pages + 1
         perm = torch.randperm(num_pages, device=dev, generator=g)
-        self.page_table = perm[: batch * pages].view(batch, pages).to(torch.int32)
+        # a serving page table is as wide as the longest context (``table_pages``), not the batch's:
+        # the columns past a row's pages hold page 0 and are never read
+        width = max(pages, table_pages)
+        self.page_table = torch.zeros(batch, width, dtype=torch.int32, device=dev)
+        self.page_table[:, :pages] = perm[: batch * pages].view(batch, pages)
         slots = num_pages * BLOCK
         ik = torch.randn(slots, D, device=dev, generator=g, dtype=torch.bfloat16)
         self.idx_k = ik if dtype == "bf16" else kvq.fp8_quantize_ref(ik, 1.0)
@@ -106,8 +110,9 @@ class Problem:
             q = torch.randn(batch * n, HQ, D, device=dev, generator=g, dtype=torch.bfloat16)
             self.rows[mode] = (req, pos, iq, q)
         # upstream view: req_to_token [batch, ctx] slot ids of every token
-        tok = torch.arange(pages * BLOCK, device=dev)
-        self.req_to_token = (self.page_table.long()[:, tok // BLOCK] * BLOCK + tok % BLOCK)[:, :ctx].to(torch.int32)
+        tok = torch.arange(width * BLOCK, device=dev)
+        r2t = self.page_table.long()[:, tok // BLOCK] * BLOCK + tok % BLOCK
+        self.req_to_token = (r2t if table_pages else r2t[:, :ctx]).to(torch.int32)
         self.seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
         self.slot_ids = torch.arange(batch, device=dev)
 
@@ -412,6 +417,12 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="start no new case after this many seconds")
     ap.add_argument("--warmup", type=int, default=200, help="decode-path executions on each fresh case before timing")
     ap.add_argument(
+        "--table-pages",
+        type=int,
+        default=0,
+        help="page-table width in pages, as serving sizes it for the longest context (M3's 1M: 8192); 0: the context's",
+    )
+    ap.add_argument(
         "--merge",
         nargs=2,
         metavar=("OURS_JSON", "UPSTREAM_JSON"),
@@ -440,11 +451,12 @@ def main():
         if args.deadline and time.time() - t0 > args.deadline:
             print(f"deadline: not run {dtype} b={batch} ctx={ctx}")
             continue
-        p = Problem(ours[0], dtype, batch, ctx)
+        p = Problem(ours[0], dtype, batch, ctx, table_pages=args.table_pages)
         warm_up(p, ours, args.warmup)
-        records += bench_case(
+        case = bench_case(
             p, ours, up, args.iters, flush, up_verify=not args.no_upstream_verify, time_ours=not args.only_upstream
         )
+        records += [dict(r, table_pages=p.page_table.shape[1]) for r in case]
         print(f"[{time.time() - t0:.0f} s]", flush=True)
         del p
         torch.cuda.empty_cache()

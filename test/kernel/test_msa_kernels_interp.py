@@ -112,22 +112,36 @@ def test_topk_fp8_bf16_q(decode, heads):
     assert torch.equal(got, msa_topk_ref(iq.float(), view, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
-def test_score_pages_fill_whole_waves():
-    from sglang_m3_kernels.msa_index_topk import _score_pages
+def test_score_grid_is_one_wave_whatever_the_table_width():
+    """The score grid is sized from shapes alone (graph safe) but never from the page table's width:
+    the tiles share one wave of resident programs (at least one a tile, at most one a page)."""
+    from sglang_m3_kernels.msa_index_topk import score_programs
 
-    for tiles, pages_per_row, slots, most in [
-        (1, 64, 528, 32),
-        (8, 256, 528, 32),
-        (8, 1024, 528, 32),
-        (64, 1024, 1056, 8),
-    ]:
-        pages = _score_pages(tiles, pages_per_row, slots, most)
-        programs = tiles * -(-pages_per_row // pages)
-        assert 1 <= pages <= most
-        if tiles * -(-pages_per_row // most) <= slots:  # one wave is possible: the rule takes it
-            assert programs <= slots
-    assert _score_pages(1, 64, 528, 32) == 1  # short rows: one page per program, the most programs
-    assert _score_pages(8, 1024, 528, 32) == 16  # 512 programs, one wave (power-of-two rule: 8 pages, 1.9 waves)
+    slots = 132 * 4
+    for tiles in (1, 8, 32, 64, 512, 4096):
+        for pages in (64, 1024, 8192):  # an 8K row's table, a 128K one, M3's 1M-context table
+            programs = score_programs(tiles, pages, slots)
+            assert 1 <= programs <= pages
+            assert tiles * programs <= max(slots, tiles)
+    assert score_programs(32, 8192, slots) == 16  # batch 32: 16 programs a request (was 256, 16 waves)
+    assert score_programs(1, 64, slots) == 64  # batch 1 x 8K: one page a program
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_topk_few_programs_walk_many_pages(fuse, monkeypatch):
+    """One program a tile (a GPU of one SM, one slot) walking up to 7 pages of a wide page table, its
+    page ids loaded two at a time: the chunked walk reads every page once; same ids as the reference."""
+    from sglang_m3_kernels import msa_index_topk
+
+    monkeypatch.setattr(msa_index_topk, "sm_count", lambda device: 1)
+    g, pt, rr, rp = _batch(11)
+    wide = torch.full((pt.shape[0], 256), 63, dtype=pt.dtype, device=pt.device)
+    wide[:, : pt.shape[1]] = pt
+    settings = TopkSettings(score_slots=1, score_page_ids=2, fuse_select_max_rows=1 << 20 if fuse else 0)
+    iq = _ints((len(rr), HKV, D), g).to(DEV)
+    ik = _ints((64 * BS, D), g).to(DEV)
+    got = msa_topk(iq, ik, wide, rr, rp, block_size=BS, topk=TOPK, local_blocks=1, settings=settings)
+    assert torch.equal(got, msa_topk_ref(iq, ik, pt, rr, rp, block_size=BS, topk=TOPK, local_blocks=1))
 
 
 def _kv(kind, g):
