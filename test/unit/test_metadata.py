@@ -32,6 +32,22 @@ def test_verify_equals_extend_of_the_same_tokens():
     assert torch.equal(verify.row_req, extend.row_req) and torch.equal(verify.row_pos, extend.row_pos)
 
 
+def test_extend_page_table_spans_the_batch_when_its_length_is_known():
+    """Given the batch's longest sequence, the extend plan's page table is only as wide as that (the
+    indexer's score buffer is rows x heads x pages): the same pages in the same columns, every row's
+    own block inside it."""
+    table, reqs = _req_to_token(), torch.tensor([1, 3])
+    for prefix, extend, pages in (([4, 0], [5, 6], 3), ([0, 2], [5, 3], 2), ([0, 0], [1, 1], 1)):
+        prefix, extend = torch.tensor(prefix), torch.tensor(extend)
+        longest = int((prefix + extend).max())
+        wide = plan_extend(table, reqs, prefix, extend, P)
+        narrow = plan_extend(table, reqs, prefix, extend, P, max_len=longest)
+        assert wide.page_table.shape == (2, 16 // P) and narrow.page_table.shape == (2, pages)
+        assert torch.equal(narrow.page_table, wide.page_table[:, :pages])
+        assert torch.equal(narrow.row_pos, wide.row_pos) and torch.equal(narrow.row_req, wide.row_req)
+        assert (narrow.row_pos // P).max() < pages
+
+
 def test_decode_is_the_one_row_ladder():
     table, reqs = _req_to_token(), torch.tensor([1, 3])
     decode = plan_decode(table, reqs, torch.tensor([8, 4]), P)  # seq_lens include the decoded token

@@ -19,6 +19,8 @@ read the pool's dequantised view of the whole layer, which is fine for CPU-sized
 from __future__ import annotations
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.runner import get_is_capture_mode
 from sglang_m3_kernels.msa_index_topk import msa_topk, msa_topk_ref
 from sglang_m3_kernels.msa_sparse_attn import msa_attention, msa_attention_ref
 
@@ -74,9 +76,21 @@ class M3MSABackend(AttentionBackend):
                 forward_batch.extend_prefix_lens,
                 forward_batch.extend_seq_lens,
                 self.page_size,
+                max_len=self._host_max_len(forward_batch),
             )
         else:
             raise NotImplementedError(f"m3_msa: forward mode {mode!r} is not supported")
+
+    @staticmethod
+    def _host_max_len(forward_batch) -> int | None:
+        """The longest sequence of a prefill batch (never captured: ``plugin.py`` keeps prefill graphs
+        off), from the scheduler's host copy of the lengths, which it builds prefill batches from;
+        None for every other batch (decode, verify, mixed: with overlap scheduling their host
+        lengths can trail the device's, or be absent, ``needs_cpu_seq_lens`` being False)."""
+        lens = forward_batch.seq_lens_cpu
+        if lens is None or forward_batch.forward_mode != ForwardMode.EXTEND or get_is_capture_mode():
+            return None
+        return int(lens.max())
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         """Nothing to preallocate: the plan's tensors are created inside the captured graph."""

@@ -27,9 +27,13 @@ class MSAMetadata:
         assert self.row_req.shape == self.row_pos.shape
 
 
-def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int) -> torch.Tensor:
-    """``[B, max_context / page]`` page ids; bounded by the pool's capacity, not by this batch's lengths."""
-    return req_to_token[req_pool_indices, ::page_size] // page_size
+def page_table_for(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int, max_len: int | None = None
+) -> torch.Tensor:
+    """``[B, pages]`` page ids: as wide as the pool's longest context (graph safe), or, given the
+    batch's longest sequence ``max_len`` (known on the host, outside graphs), only as wide as that."""
+    tokens = req_to_token.shape[1] if max_len is None else min(req_to_token.shape[1], max_len)
+    return req_to_token[req_pool_indices, :tokens:page_size] // page_size
 
 
 def plan_decode(req_to_token, req_pool_indices, seq_lens, page_size: int) -> MSAMetadata:
@@ -37,15 +41,21 @@ def plan_decode(req_to_token, req_pool_indices, seq_lens, page_size: int) -> MSA
     return plan_verify(req_to_token, req_pool_indices, seq_lens - 1, 1, page_size)
 
 
-def plan_extend(req_to_token, req_pool_indices, prefix_lens, extend_lens, page_size: int) -> MSAMetadata:
-    """One row per new token; request ``i``'s rows sit at ``prefix_i .. prefix_i + extend_i - 1``."""
+def plan_extend(
+    req_to_token, req_pool_indices, prefix_lens, extend_lens, page_size: int, max_len: int | None = None
+) -> MSAMetadata:
+    """One row per new token; request ``i``'s rows sit at ``prefix_i .. prefix_i + extend_i - 1``.
+
+    ``max_len`` (the batch's longest ``prefix + extend``, when the host knows it) narrows the page
+    table from the model's longest context to the batch's: the indexer's per-row score buffer is
+    ``[rows, heads, pages]`` fp32, 1 GiB for an 8K-token chunk against M3's 1M-token table."""
     batch = req_pool_indices.shape[0]
     extend_lens = extend_lens.long()
     row_req = torch.repeat_interleave(torch.arange(batch, device=extend_lens.device), extend_lens)  # [T]
     starts = torch.cumsum(extend_lens, 0) - extend_lens  # [B] first row of each request
     offset = torch.arange(row_req.shape[0], device=row_req.device) - starts[row_req]
     return MSAMetadata(
-        page_table=page_table_for(req_to_token, req_pool_indices, page_size),
+        page_table=page_table_for(req_to_token, req_pool_indices, page_size, max_len),
         row_req=row_req,
         row_pos=prefix_lens.long()[row_req] + offset,
     )
