@@ -611,6 +611,8 @@ def main(argv=None) -> dict:
     from sglang_m3.sizing import draft_weight_bytes
 
     argv = sys.argv[1:] if argv is None else argv
+    if args.resume and not args.hbm_tbps:  # the floors of the run being continued
+        args.hbm_tbps = json.loads(pathlib.Path(args.resume).read_text())["hbm_tbps"]
     scaled.resolve_hbm_tbps(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
