@@ -81,6 +81,7 @@ def parse_args(argv=None):
     p.add_argument("--prefill-lens", default="8192,32768")
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--profile-batches", default="1,32", help="decode steps traced at these batches ('' = none)")
+    p.add_argument("--keep-traces", action="store_true", help="each profile's raw trace beside --out, too")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--model-path", default=None, help="an M3 checkpoint directory instead of the cut release")
     p.add_argument("--device", default="cuda")
@@ -190,19 +191,30 @@ def trace_streams(engine, streams, marks, trace_dir: pathlib.Path, activity: str
         traces = sorted(trace_dir.glob("*.trace.json.gz"))
         if traces:
             time.sleep(2)
-            return traces[-1]
+            decode = [t for t in traces if "DECODE" in t.name]  # profile_by_stage names the stage
+            return (decode or traces)[-1]
         time.sleep(1)
     raise RuntimeError(f"no trace written under {trace_dir}")
 
 
 def profile_decode(
-    engine, batch: int, length: int, vocab: int, trace_dir: pathlib.Path, activity: str, steps: int = 8
+    engine,
+    batch: int,
+    length: int,
+    vocab: int,
+    trace_dir: pathlib.Path,
+    activity: str,
+    steps: int = 8,
+    keep: pathlib.Path | None = None,
 ) -> dict:
     """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component."""
     marks = [[] for _ in range(batch)]
     prompts = _prompts(batch, length, 99 + batch, vocab)
     streams = [_stream(engine, p, 4 * steps + 16, m) for p, m in zip(prompts, marks)]
-    return summarise_trace(trace_streams(engine, streams, marks, trace_dir, activity, steps), steps)
+    trace = trace_streams(engine, streams, marks, trace_dir, activity, steps)
+    if keep is not None:  # the raw trace beside the results, for a reader who wants every kernel
+        shutil.copy(trace, keep)
+    return summarise_trace(trace, steps)
 
 
 def summarise_trace(path: pathlib.Path, steps: int) -> dict:
@@ -323,18 +335,16 @@ def run_one(args) -> None:
             emit(kind="prefill", batch=1, context=n, ms=1e3 * prefill_latency(engine, n, 4000 + n, vocab))
             engine.flush_cache()
         for b in _ints(args.profile_batches):
-            trace_dir = (
-                pathlib.Path(tempfile.gettempdir())
-                / "m3-traces"
-                / f"{args.one.replace(':', '-').replace('+', '-')}-b{b}"
-            )
+            tag = f"{args.one.replace(':', '-').replace('+', '-')}-b{b}"
+            out = pathlib.Path(args.out)
+            keep = out.with_name(f"{out.stem}.{tag}.trace.json.gz") if args.keep_traces else None
+            trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-traces" / tag
+            activity = "GPU" if args.device == "cuda" else "CPU"
             emit(
                 kind="profile",
                 batch=b,
                 context=args.input_len,
-                ms_per_step=profile_decode(
-                    engine, b, args.input_len, vocab, trace_dir, "GPU" if args.device == "cuda" else "CPU"
-                ),
+                ms_per_step=profile_decode(engine, b, args.input_len, vocab, trace_dir, activity, keep=keep),
             )
             engine.flush_cache()
     finally:

@@ -112,8 +112,9 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     started while the batch decodes, and both ranks' start-up lines."""
     argv = ["--model-path", str(tiny_vl), "--impls", "ours", "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "2", "--long-batches", "", "--input-len", "96", "--prefill-lens", "96"]
-    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2"]
+    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2", "--keep-traces"]
     result = _run_script("bench_scaled.py", argv, tmp_path / "scaled.json", {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    assert (tmp_path / "scaled.ours-b2.trace.json.gz").stat().st_size > 0  # the raw trace, kept
     per_rank = [line for line in result["startup_lines"]["ours"] if "sglang-m3 per rank of TP 2" in line]
     assert len(per_rank) == 2 and result["tp_size"] == 2
     records = {r["kind"]: r for r in result["records"]}
