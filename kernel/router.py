@@ -47,8 +47,11 @@ def _router_kernel(
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        x = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_xt + k[None, :], mask=t_ok[:, None] & k_ok[None, :])
-        w = tl.load(w_ptr + e[:, None] * stride_we + k[None, :], mask=e_ok[:, None] & k_ok[None, :])
+        # masked lanes load 0 (a masked load leaves them undefined otherwise): they add nothing
+        x = tl.load(
+            x_ptr + t[:, None].to(tl.int64) * stride_xt + k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        w = tl.load(w_ptr + e[:, None] * stride_we + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)  # [BLOCK_T, E_PER]
     tl.store(out_ptr + t[:, None].to(tl.int64) * stride_ot + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
 
