@@ -5,8 +5,7 @@ the fused quantise-and-store ``kv_store``, and ``kv_store_many`` for a layer's K
 in one launch), ``msa_index_topk`` (indexer block scores + top-k:
 ``msa_topk_ref`` / ``msa_topk``, knobs in ``TopkSettings``), ``msa_sparse_attn`` (block-sparse
 or dense paged GQA attention: ``msa_attention_ref`` / ``msa_attention``, knobs in
-``AttentionSettings``), ``router`` (the MoE router's fp32 logits from a half-precision hidden
-state in one launch: ``router_logits_ref`` / ``router_logits``). The Triton bodies of the MSA two
-are in ``*_triton.py`` beside them; ``pdl`` holds the programmatic-dependent-launch helpers both use. Timings:
+``AttentionSettings``). The Triton bodies of the last two are in ``*_triton.py`` beside them;
+``pdl`` holds the programmatic-dependent-launch helpers both use. Timings:
 ``benchmarks/kernels.md``; tuning conclusions: ``docs/perf-notes.md``.
 """

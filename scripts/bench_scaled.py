@@ -17,8 +17,6 @@ its own process (``--impls``):
   (the shared expert as FusedMoE's expert E instead of its own MLP);
 * ``ours+one-stream``: the separate shared expert on the main stream (``SGLANG_M3_SHARED_EXPERT_STREAM=0``)
   instead of a side stream beside the routed experts;
-* ``ours+torch-router``: the router's fp32 logits through torch (conversion copy + cuBLAS fp32 GEMM)
-  instead of ``kernel/router.py``'s one launch (``SGLANG_M3_ROUTER_KERNEL=0``);
 * ``stock+tuned-moe``: stock with sglang-m3's tuned fused-MoE configs (``python/sglang_m3/moe_configs``)
   through ``SGLANG_MOE_CONFIG_DIR``, so that a comparison does not credit the plugin with tiles stock
   could use as well (SGLang ships none for M3's expert shapes).
@@ -53,11 +51,10 @@ import time
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
 PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
-# sglang_m3.model.mlp's switches (importing it would load SGLang): impl flag -> (variable, value)
-FLAG_ENV = {"one-stream": ("SGLANG_M3_SHARED_EXPERT_STREAM", "0"), "torch-router": ("SGLANG_M3_ROUTER_KERNEL", "0")}
+SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (importing it would load SGLang)
 # Start-up lines kept per impl: weights and KV per rank, token capacity, which fused-MoE configs ran
 STARTUP_MARKS = ("sglang-m3 per rank", "Load weight end", "max_total_num_tokens", "MoE kernel config", "tuned for M3")
-IMPL_FLAGS = {("fused-shared", False), ("tuned-moe", True)} | {(flag, False) for flag in FLAG_ENV}  # (flag, on stock)
+IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True)}  # (flag, on stock)
 # Kernel-name patterns -> component of a decode step (first match wins).
 COMPONENTS = (
     ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
@@ -428,9 +425,8 @@ def main(argv=None) -> dict:
         env = dict(os.environ)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
-        if impl.partition("+")[2] in FLAG_ENV:
-            name, value = FLAG_ENV[impl.partition("+")[2]]
-            env[name] = value
+        if impl.endswith("+one-stream"):
+            env[SIDE_STREAM_ENV] = "0"
         config_dir = moe_config_dir() if impl.endswith("+tuned-moe") else None
         if config_dir is not None:
             env["SGLANG_MOE_CONFIG_DIR"] = str(config_dir)

@@ -33,7 +33,6 @@ from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopK
 from sglang.srt.model_executor.runner import get_is_capture_mode
 from sglang.srt.runtime_context import get_exec, get_parallel, get_stream
-from sglang_m3_kernels.router import ROUTER_KERNEL_MAX_TOKENS, router_logits
 from torch import nn
 
 from ..config import M3Config
@@ -41,7 +40,6 @@ from .layers import swiglu, swiglu_oai
 
 SIDE_STREAM_MAX_TOKENS = 1024  # SGLang's DUAL_STREAM_TOKEN_THRESHOLD for its MoE models' shared experts
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"
-ROUTER_KERNEL_ENV = "SGLANG_M3_ROUTER_KERNEL"  # "0": the router through torch (cuBLAS), the A/B switch
 
 
 class DenseMLP(nn.Module):
@@ -147,7 +145,6 @@ class MoE(nn.Module):
         )
         side = not fused and torch.get_default_device().type == "cuda" and os.environ.get(SIDE_STREAM_ENV) != "0"
         self.side_stream = get_stream("alt") if side else None  # created here: not while a graph is captured
-        self.router_kernel = os.environ.get(ROUTER_KERNEL_ENV) != "0"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         main = torch.cuda.current_stream() if x.is_cuda else None
@@ -158,7 +155,7 @@ class MoE(nn.Module):
                 shared = self.shared_experts(x)  # [T, H]: this rank's part
         else:
             shared = None if self.shared_experts is None else self.shared_experts(x)
-        logits = self.router_logits(x)
+        logits = self.gate(x.float())[0]  # [T, E] fp32
         if x.is_cuda and x.dtype != torch.float32:
             out = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
         else:
@@ -170,15 +167,6 @@ class MoE(nn.Module):
         if shared is not None:
             out = out + shared
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
-
-    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """``[T, E]`` fp32: the router weight is fp32 and routing runs in fp32. Decode-sized half-precision
-        batches on CUDA take one Triton launch (``kernel/router.py``: torch's conversion copy, SIMT fp32
-        GEMM and split-K reduction were ~50 us a layer at batch 32); the rest, and the fp32 models of the
-        exactness tests, go through the linear layer."""
-        if x.is_cuda and x.dtype != torch.float32 and x.shape[0] <= ROUTER_KERNEL_MAX_TOKENS and self.router_kernel:
-            return router_logits(x, self.gate.weight)
-        return self.gate(x.float())[0]
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` -> (weights ``[T, k]`` fp32, expert ids ``[T, k]``)."""
