@@ -116,22 +116,59 @@ def one_rank_groups() -> None:
 
 def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, tuple]) -> dict[str, dict]:
     """SGLang's file format: ``{"M": config}`` with each token count's fastest config; a token count left
-    untimed (``--deadline``) gets SGLang's default, which its lookup would otherwise take from the nearest
-    tuned M instead."""
+    untimed (``--deadline``, or not in ``--batches``) gets SGLang's default, which its lookup would
+    otherwise take from the nearest tuned M instead."""
     return {
         str(m): as_config(min(timings[m], key=timings[m].get) if timings.get(m) else defaults[m])
         for m in sorted(defaults)
     }
 
 
+def token_counts(batches: list[int]) -> list[int]:
+    """The token counts a config file covers: the timed ones and every count of ``DECODE_AND_PREFILL``.
+    SGLang looks a batch up at the nearest count in the file, so a file of decode counts alone would hand
+    an 8K prefill chunk the 128-token tile (the H200's 8K prefill ran 1.7x slower on such a file)."""
+    return sorted(set(batches) | {int(m) for m in DECODE_AND_PREFILL.split(",")})
+
+
+def publish_sglang_context() -> None:
+    """SGLang's MoE code (its default configs too) reads its runtime settings from a published context:
+    the defaults, for a stand-alone process (``--install`` runs on a machine without a GPU)."""
+    import torch
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+    from sglang_m3.tiny import default_checkpoint
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args = ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl")), device=device)
+    runtime_context.publish(args, role="tune_moe")
+
+
+def sglang_defaults(shape: dict, counts: list[int]) -> dict[int, tuple]:
+    """SGLang's default config at each token count for a report's ``shape`` (E, N, K, top_k, dtype)."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as sgl_configs
+
+    dtype = shape["dtype"] if shape["dtype"] != "bf16" else None
+    E, N, K, top_k = (shape[k] for k in ("E", "N", "K", "top_k"))
+    return {m: config_key(sgl_configs.get_default_config(m, E, N, K, top_k, dtype, False)) for m in counts}
+
+
 def install(report_path: str, out_dir: str) -> pathlib.Path:
-    """The config file a tuning run wrote, rebuilt from its report (its name and ``table``)."""
+    """The config file a tuning run wrote, rebuilt from its report (its name and ``table``); token counts
+    the report's table lacks (a run with a short ``--batches``) get SGLang's default."""
     report = json.loads(pathlib.Path(report_path).read_text())
     if "table" not in report:
         raise SystemExit(f"--install {report_path}: the report has no 'table' (written by an older tune_moe.py)")
+    table = {int(m): config for m, config in report["table"].items()}
+    missing = [m for m in token_counts(list(table)) if m not in table]
+    if missing:
+        if "shape" not in report:
+            raise SystemExit(f"--install {report_path}: the table lacks token counts {missing}, the report a 'shape'")
+        publish_sglang_context()
+        table |= {m: as_config(key) for m, key in sglang_defaults(report["shape"], missing).items()}
     out = pathlib.Path(out_dir) / pathlib.Path(report["file"]).parent.name / pathlib.Path(report["file"]).name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report["table"], indent=1) + "\n")
+    out.write_text(json.dumps({str(m): table[m] for m in sorted(table)}, indent=1) + "\n")
     return out
 
 
@@ -154,21 +191,18 @@ def main(argv=None) -> dict:
         return {}
     import torch
     import triton
-    from sglang.srt import runtime_context
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts, get_config_file_name, override_config
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as sgl_configs
     from sglang.srt.layers.moe.topk import StandardTopKOutput
-    from sglang.srt.server_args import ServerArgs
     from sglang_m3.config import M3Config
     from sglang_m3.moe_configs import config_path
-    from sglang_m3.tiny import default_checkpoint
 
     if not torch.cuda.is_available():
         raise SystemExit("tune_moe.py times SGLang's Triton fused MoE: it needs a CUDA GPU")
-    # SGLang's MoE code reads its runtime settings (defaults here) from a published context, and places its
-    # output through the TP group (symmetric-memory allocation): a one-rank group, no communication.
-    runtime_context.publish(ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl"))), role="tune_moe")
+    # SGLang's MoE code places its output through the TP group (symmetric-memory allocation): a one-rank
+    # group, no communication.
+    publish_sglang_context()
     one_rank_groups()
     path = pathlib.Path(args.config or REPO / "python" / "sglang_m3" / "assets" / "minimax-m3-config.json")
     cfg = M3Config.from_hf(json.loads(path.read_text()))
@@ -212,7 +246,8 @@ def main(argv=None) -> dict:
     timings: dict[int, dict[tuple, float]] = {}
     failed: dict[tuple, str] = {}
     # SGLang's default config at each M
-    defaults = {m: config_key(sgl_configs.get_default_config(m, E, N, K, top_k, config_dtype, False)) for m in batches}
+    shape = dict(E=E, N=N, K=K, top_k=top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size)
+    defaults = sglang_defaults(shape, token_counts(batches))
 
     def routed(m: int):
         """``m`` random tokens and their routing: uniformly random top-k of all experts; another EP rank's experts
@@ -282,7 +317,7 @@ def main(argv=None) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(),
         triton=triton.__version__,
-        shape=dict(E=E, N=N, K=K, top_k=top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size),
+        shape=shape,
         file=str(out),
         seconds=time.perf_counter() - tic,
         candidates=len(candidates),

@@ -78,7 +78,8 @@ def test_tuner_candidates_and_table():
 def test_install_rebuilds_the_file_from_a_report(tmp_path):
     tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
     name = "E=128,N=3072,device_name=NVIDIA_H200.json"
-    table = {"1": TUNED, "8192": {k: TUNED[k] for k in list(TUNED)[:4]}}
+    counts = tune["token_counts"]([])
+    table = {str(m): TUNED if m < 64 else {k: TUNED[k] for k in list(TUNED)[:4]} for m in counts}
     report = tmp_path / "report.json"
     report.write_text(json.dumps(dict(file=f"/elsewhere/moe_configs/triton_3_6_0/{name}", table=table)))
     out = tune["install"](str(report), str(tmp_path / "configs"))
@@ -86,6 +87,23 @@ def test_install_rebuilds_the_file_from_a_report(tmp_path):
     report.write_text(json.dumps(dict(file=name)))
     with pytest.raises(SystemExit, match="has no 'table'"):
         tune["install"](str(report), str(tmp_path / "configs"))
+    report.write_text(json.dumps(dict(file=name, table={"1": TUNED})))
+    with pytest.raises(SystemExit, match="lacks token counts"):
+        tune["install"](str(report), str(tmp_path / "configs"))
+
+
+def test_install_gives_untimed_token_counts_sglangs_default(tmp_path):
+    """A run of decode counts alone: the prefill counts get SGLang's default, not the nearest decode tile."""
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    name = "E=128,N=3072,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    shape = dict(E=128, N=3072, K=6144, top_k=4, dtype="fp8_w8a8", tp=1, ep=1)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(dict(file=name, shape=shape, table={"1": TUNED, "8": TUNED})))
+    got = json.loads(tune["install"](str(report), str(tmp_path / "configs")).read_text())
+    assert [int(m) for m in got] == tune["token_counts"]([1, 8]) and got["1"] == got["8"] == TUNED
+    defaults = tune["sglang_defaults"](shape, [8192, 256])
+    assert got["8192"] == tune["as_config"](defaults[8192]) and got["256"] == tune["as_config"](defaults[256])
+    assert got["8192"]["BLOCK_SIZE_M"] > TUNED["BLOCK_SIZE_M"]  # a prefill tile, not the decode one
 
 
 def test_committed_configs_cover_the_tuned_token_counts():
