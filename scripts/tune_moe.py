@@ -6,8 +6,8 @@ SGLang 0.5.17 ships no config for M3's expert shape (128 experts, hidden 6144, i
 SGLang's own kernel (``fused_experts`` under ``override_config``, M3's SwiGLU-OAI gate: alpha 1.702,
 limit 7, gate / up not interleaved, routed scaling 2.0) on random weights and uniformly random top-4
 routing, and writes the fastest per token count in SGLang's format and file name
-(``python/sglang_m3/moe_configs/triton_<version>/E=..,N=..,device_name=...json``), which ``plugin.py``
-hands SGLang ahead of its own directory.
+(``python/sglang_m3/moe_configs/triton_<version>/E=..,N=..,device_name=...json``; every other count of
+``DECODE_AND_PREFILL`` at SGLang's default), which ``plugin.py`` hands SGLang ahead of its own directory.
 
 Candidates: the ``--candidates`` configs SGLang itself ships most often for Hopper (H100 / H200 / H800 /
 H20 files of the same dtype), plus SGLang's default for each token count. Each config is compiled and
@@ -127,7 +127,7 @@ def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, t
 def token_counts(batches: list[int]) -> list[int]:
     """The token counts a config file covers: the timed ones and every count of ``DECODE_AND_PREFILL``.
     SGLang looks a batch up at the nearest count in the file, so a file of decode counts alone would hand
-    an 8K prefill chunk the 128-token tile (the H200's 8K prefill ran 1.7x slower on such a file)."""
+    an 8K prefill chunk the 128-token tile (an 8K prefill on such a file ran 1.7x stock's on the H200)."""
     return sorted(set(batches) | {int(m) for m in DECODE_AND_PREFILL.split(",")})
 
 
