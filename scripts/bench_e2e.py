@@ -4,10 +4,14 @@
 Modes (each its own engine, started one after another): ``eager`` (no CUDA graphs, the
 baseline every ratio is taken against), ``graphs`` (CUDA-graph decode), ``eagle3_eager``
 and ``eagle3_graphs`` (sglang-m3's EAGLE3 chain worker, 3 draft tokens; graphs capture
-the target's verify). For every batch size: ``batch`` greedy requests of ``--input-len``
-prompt tokens and ``--output-len`` new tokens (EOS ignored), timed after one warm-up
-round; output tokens/s, mean acceptance length (speculative modes) and the ratio to
-``eager`` at the same batch are written as JSON.
+the target's verify and the draft's passes), ``eagle3_graphs_sync`` (the same with
+``--disable-overlap-schedule``: the overlap scheduler's share of the step, same call).
+For every batch size: ``batch`` greedy requests of ``--input-len`` prompt tokens and
+``--output-len`` new tokens (EOS ignored), timed after one warm-up round; output tokens/s
+over the whole requests, decode tokens/s (the tokens after each request's first over the
+time past a prefill-only round of the same requests: ``max_new_tokens=1``), mean
+acceptance length (speculative modes) and the ratio to ``eager`` at the same batch are
+written as JSON.
 
     python3 scripts/bench_e2e.py --out benchmarks/e2e.json [--model-path P --draft-path D]
 
@@ -24,7 +28,7 @@ import json
 import pathlib
 import time
 
-MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs")
+MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs", "eagle3_graphs_sync")
 SPEC = dict(
     speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4
 )
@@ -65,29 +69,65 @@ def prompts(args, n: int) -> list[list[int]]:
     return [ids[i * length + i : (i + 1) * length + i] for i in range(n)]
 
 
-def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
-    import sglang as sgl
-
-    engine_args = dict(
+def engine_args(mode: str, args, batches: list[int]) -> dict:
+    """``sglang.Engine`` arguments of one mode."""
+    if mode not in MODES:
+        raise SystemExit(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    kw = dict(
         model_path=args.model_path,
         device=args.device,
         dtype=args.dtype,
         log_level="error",
         mem_fraction_static=0.5,
         max_total_tokens=args.max_total_tokens,
-        disable_cuda_graph=not mode.endswith("graphs"),
+        disable_cuda_graph="graphs" not in mode,
         cuda_graph_max_bs_decode=max(batches),
     )
     if mode.startswith("eagle3"):
-        engine_args.update(SPEC, speculative_draft_model_path=args.draft_path)
-    engine = sgl.Engine(**engine_args)
+        kw.update(SPEC, speculative_draft_model_path=args.draft_path)
+    if mode.endswith("_sync"):
+        kw["disable_overlap_schedule"] = True
+    return kw
+
+
+def rates(tokens: int, batch: int, elapsed: float, prefill: float) -> dict:
+    """Output tokens/s over the whole requests, and decode tokens/s: each request's tokens after
+    its first (the prefill's) over the time the requests took past a prefill-only round."""
+    decode = elapsed - prefill
+    return dict(
+        output_tokens_per_s=tokens / elapsed,
+        prefill_s=prefill,
+        decode_tokens_per_s=(tokens - batch) / decode if decode > 0 else None,
+    )
+
+
+def ratios(record: dict, records: list[dict]) -> dict:
+    """``record``'s output and decode rates over those of the ``eager`` and ``graphs`` modes at its batch
+    (None where that mode did not run)."""
+    out = {}
+    for base_mode in ("eager", "graphs"):
+        base = next((r for r in records if r["mode"] == base_mode and r["batch"] == record["batch"]), None)
+        for key, rate in (("", "output_tokens_per_s"), ("decode_", "decode_tokens_per_s")):
+            ok = base is not None and record.get(rate) and base.get(rate)
+            out[f"{key}vs_{base_mode}"] = record[rate] / base[rate] if ok else None
+    return out
+
+
+def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
+    import sglang as sgl
+
+    engine = sgl.Engine(**engine_args(mode, args, batches))
     records = []
     try:
         for bs in batches:
             batch = prompts(args, bs)
             sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
             engine.generate(input_ids=batch, sampling_params=sampling)  # warm-up (and graph paths)
-            engine.flush_cache()  # no radix hits in the timed round
+            engine.flush_cache()  # no radix hits in the timed rounds
+            start = time.perf_counter()
+            engine.generate(input_ids=batch, sampling_params={**sampling, "max_new_tokens": 1})
+            prefill = time.perf_counter() - start
+            engine.flush_cache()
             start = time.perf_counter()
             outs = engine.generate(input_ids=batch, sampling_params=sampling)
             elapsed = time.perf_counter() - start
@@ -99,7 +139,7 @@ def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
                     batch=bs,
                     output_tokens=tokens,
                     elapsed_s=elapsed,
-                    output_tokens_per_s=tokens / elapsed,
+                    **rates(tokens, bs, elapsed, prefill),
                     mean_acceptance_length=(tokens - bs) / steps if steps else None,  # first token: prefill
                 )
             )
@@ -120,8 +160,11 @@ def main(argv=None) -> dict:
     batches = [int(b) for b in args.batches.split(",")]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    for mode in modes:
+        engine_args(mode, args, batches)  # an unknown mode fails before any engine starts
     records = []
-    for mode in args.modes.split(","):
+    for mode in modes:
         records += run_mode(mode, args, batches)
         _write(out, args, records)  # after every mode: a later failure keeps what was measured
     print(f"wrote {out}")
@@ -129,9 +172,8 @@ def main(argv=None) -> dict:
 
 
 def _write(out: pathlib.Path, args, records: list[dict]) -> None:
-    base = {r["batch"]: r["output_tokens_per_s"] for r in records if r["mode"] == "eager"}
     for r in records:
-        r["vs_eager"] = r["output_tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
+        r.update(ratios(r, records))
     summary = dict(
         benchmark="e2e_decode",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -123,6 +123,21 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     assert "ms_per_step" in records["profile"]  # on CPU the trace holds no GPU kernels to split
 
 
+def test_bench_e2e_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
+    """scripts/bench_e2e.py end to end on CPU (the GPU runs its graph modes): plain and EAGLE3 engines on
+    the probe prompts, whose continuations the tiny draft memorised, so nearly every draft is accepted."""
+    argv = ["--model-path", str(tiny_vl), "--draft-path", str(tiny_draft), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--modes", "eager,eagle3_eager", "--batches", "1", "--prompts", "probe", "--output-len", "16"]
+    result = _run_script("bench_e2e.py", argv, tmp_path / "e2e.json")
+    plain, spec = result["records"]
+    assert (plain["mode"], spec["mode"]) == ("eager", "eagle3_eager")
+    assert plain["output_tokens"] == spec["output_tokens"] == 16 and plain["mean_acceptance_length"] is None
+    assert spec["mean_acceptance_length"] > 3.0  # of 4: 3 drafts + the bonus token a step
+    for r in (plain, spec):
+        assert 0 < r["prefill_s"] < r["elapsed_s"] and r["decode_tokens_per_s"] > 0
+    assert spec["decode_vs_eager"] == spec["decode_tokens_per_s"] / plain["decode_tokens_per_s"]
+
+
 def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     """scripts/bench_spec.py end to end on CPU (the H200 runs it on the cut release with a real-width
     draft): a plain decode engine and an EAGLE3 engine, t_decode and t_step from streamed steps."""
