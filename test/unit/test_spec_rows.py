@@ -73,3 +73,20 @@ def test_non_finite_requests():
     shaped[2, 0, 0] = float("nan")
     shaped[0, 0, 0] = float("-inf")  # a mask, not an error
     assert non_finite_requests(raw, shaped).tolist() == [False, True, True]
+    assert non_finite_requests(raw, raw).tolist() == [False, True, False]  # nothing shaped: raw alone
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_non_finite_requests_finds_one_entry_among_many(value, dtype):
+    """Any one non-finite entry of a row flags its request, at M3's vocabulary width and in every logits
+    dtype (fp16 logits of this width would overflow an fp16 sum: the sum is fp32); large finite logits
+    do not."""
+    raw = (torch.randn(4, 2, 200_064) * 30).to(dtype)
+    raw[:, :, 7] = 6e4 if dtype == torch.float16 else 1e6
+    assert not non_finite_requests(raw, raw).any()
+    raw[2, 1, 123_456] = value
+    assert non_finite_requests(raw, raw).tolist() == [False, False, True, False]
+    shaped = raw.clone()
+    shaped[0, 0, 5] = float("-inf")  # a mask on another request: not an error
+    assert non_finite_requests(raw, shaped).tolist() == [False, False, True, False]

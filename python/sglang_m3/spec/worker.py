@@ -286,7 +286,7 @@ class M3Eagle3Worker(BaseSpecWorker):
         bad = non_finite_requests(logits, shaped)
         tokens, accept_len = self._verify(batch, draft, shaped)
         tokens = tokens.masked_fill(bad.unsqueeze(1), 0)
-        return tokens, torch.where(bad, torch.ones_like(accept_len), accept_len), bad
+        return tokens, accept_len.masked_fill(bad, 1), bad
 
     @staticmethod
     def _to_host_later(flags):
