@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Decode throughput of one M3 checkpoint served by sglang.Engine, in several modes, in one run.
 
-Modes (each its own engine, started one after another): ``eager`` (no CUDA graphs, the
-baseline every ratio is taken against), ``graphs`` (CUDA-graph decode), ``eagle3_eager``
-and ``eagle3_graphs`` (sglang-m3's EAGLE3 chain worker, 3 draft tokens; graphs capture
-the target's verify and the draft's passes), ``eagle3_graphs_sync`` (the same with
+Modes (each its own engine, started one after another): ``eager`` (no CUDA graphs),
+``graphs`` (CUDA-graph decode), ``eagle3_eager`` and ``eagle3_graphs`` (sglang-m3's EAGLE3
+chain worker, ``--num-steps`` drafts a step, 3 by default; graphs capture the target's
+verify and the draft's passes), ``eagle3_graphs_sync`` (the same with
 ``--disable-overlap-schedule``: the overlap scheduler's share of the step, same call).
 For every batch size: ``batch`` greedy requests of ``--input-len`` prompt tokens and
 ``--output-len`` new tokens (EOS ignored), timed after one warm-up round; output tokens/s
 over the whole requests, decode tokens/s (the tokens after each request's first over the
 time past a prefill-only round of the same requests: ``max_new_tokens=1``), mean
-acceptance length (speculative modes) and the ratio to ``eager`` at the same batch are
-written as JSON.
+acceptance length (speculative modes) and the ratios to the ``eager`` and ``graphs``
+modes at the same batch are written as JSON.
 
     python3 scripts/bench_e2e.py --out benchmarks/e2e.json [--model-path P --draft-path D]
 
@@ -29,9 +29,7 @@ import pathlib
 import time
 
 MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs", "eagle3_graphs_sync")
-SPEC = dict(
-    speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4
-)
+SPEC = dict(speculative_algorithm="EAGLE3", speculative_eagle_topk=1)  # a chain: one draft per step
 
 
 def parse_args(argv=None):
@@ -47,6 +45,7 @@ def parse_args(argv=None):
         help="corpus: distinct --input-len cuts of the shipped corpus; probe: the prompts the tiny draft memorised "
         "(acceptance near its maximum: the worker's cost and benefit at high acceptance, not a real draft's)",
     )
+    p.add_argument("--num-steps", type=int, default=3, help="EAGLE3 draft tokens per step (K; K + 1 verify rows)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
@@ -84,7 +83,12 @@ def engine_args(mode: str, args, batches: list[int]) -> dict:
         cuda_graph_max_bs_decode=max(batches),
     )
     if mode.startswith("eagle3"):
-        kw.update(SPEC, speculative_draft_model_path=args.draft_path)
+        kw.update(
+            SPEC,
+            speculative_num_steps=args.num_steps,
+            speculative_num_draft_tokens=args.num_steps + 1,
+            speculative_draft_model_path=args.draft_path,
+        )
     if mode.endswith("_sync"):
         kw["disable_overlap_schedule"] = True
     return kw
@@ -182,6 +186,7 @@ def _write(out: pathlib.Path, args, records: list[dict]) -> None:
         prompts=args.prompts,
         input_len=args.input_len,
         output_len=args.output_len,
+        num_steps=args.num_steps,
         dtype=args.dtype,
         records=records,
     )

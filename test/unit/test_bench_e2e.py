@@ -18,7 +18,9 @@ def bench():
 
 @pytest.fixture
 def args():
-    return argparse.Namespace(model_path="m", draft_path="d", device="cuda", dtype="float32", max_total_tokens=4096)
+    return argparse.Namespace(
+        model_path="m", draft_path="d", device="cuda", dtype="float32", max_total_tokens=4096, num_steps=3
+    )
 
 
 def test_modes_set_graphs_speculation_and_overlap(bench, args):
@@ -27,6 +29,11 @@ def test_modes_set_graphs_speculation_and_overlap(bench, args):
     assert "speculative_algorithm" not in graphs
     spec = bench["engine_args"]("eagle3_graphs", args, [1])
     assert spec["speculative_algorithm"] == "EAGLE3" and spec["speculative_draft_model_path"] == "d"
+    assert (spec["speculative_num_steps"], spec["speculative_num_draft_tokens"], spec["speculative_eagle_topk"]) == (
+        3,
+        4,
+        1,
+    )
     assert not spec["disable_cuda_graph"] and "disable_overlap_schedule" not in spec  # SGLang's default: overlap on
     sync = bench["engine_args"]("eagle3_graphs_sync", args, [1])
     assert sync == {**spec, "disable_overlap_schedule": True}
