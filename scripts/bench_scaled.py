@@ -219,20 +219,22 @@ def profile_decode(
 
 def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     """ms per step: GPU kernel time per component, and host gaps (the span no kernel ran in); kernel
-    launches per step per component (at small batches the step's many short kernels are much of it)."""
+    launches per step per component (at small batches the step's many short kernels are much of it),
+    and each kernel's launches and time per step."""
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     if not kernels:
         return {"error": "no kernel events in the trace"}
     per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
     launches = dict.fromkeys(per, 0)
-    top, busy, edge = {}, 0.0, kernels[0][0]
+    top, count, busy, edge = {}, {}, 0.0, kernels[0][0]
     for ts, dur, name in kernels:
         low = name.lower()
         part = next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
         per[part] += dur
         launches[part] += 1
         top[name] = top.get(name, 0.0) + dur
+        count[name] = count.get(name, 0) + 1
         busy += max(0.0, ts + dur - max(ts, edge))
         edge = max(edge, ts + dur)
     span = edge - kernels[0][0]
@@ -241,6 +243,10 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     out["step"] = span / 1e3 / steps
     out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]}
     out["launches_per_step"] = {k: v / steps for k, v in launches.items()} | {"total": len(kernels) / steps}
+    # every kernel of the step, longest first: [name, launches a step, us a step] (which launches to fuse)
+    out["kernels"] = [
+        [k[:90], count[k] / steps, round(v / steps, 2)] for k, v in sorted(top.items(), key=lambda x: -x[1])
+    ]
     return out
 
 

@@ -63,6 +63,7 @@ def test_trace_reduction(bench, tmp_path):
         ("_fwd_grouped_kernel_stage1", 220, 10),  # stock's dense-layer decode attention
         ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*", 230, 10),
         ("elementwise_add", 240, 10),
+        ("elementwise_add", 250, 10),
     ]
     events = [{"cat": "kernel", "name": n, "ts": ts, "dur": d, "ph": "X"} for n, ts, d in kernels]
     events.append({"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 400, "ph": "X"})
@@ -71,14 +72,21 @@ def test_trace_reduction(bench, tmp_path):
     out = bench["summarise_trace"](path, steps=2)
     assert out["moe"] == pytest.approx(0.05) and out["gemm"] == pytest.approx(0.025)
     assert out["attention"] == pytest.approx(0.015) and out["norm"] == pytest.approx(0.005)
-    assert out["other"] == pytest.approx(0.005)
-    assert out["host_gaps"] == pytest.approx(0.025) and out["step"] == pytest.approx(0.125)
-    assert out["launches_per_step"] == dict.fromkeys(("moe", "gemm", "norm", "other"), 0.5) | {
+    assert out["other"] == pytest.approx(0.01)
+    assert out["host_gaps"] == pytest.approx(0.025) and out["step"] == pytest.approx(0.13)
+    assert out["launches_per_step"] == dict.fromkeys(("moe", "gemm", "norm"), 0.5) | {
         "indexer": 0.0,
         "attention": 1.0,
         "sampling": 0.0,
-        "total": 3.0,
+        "other": 1.0,
+        "total": 3.5,
     }
+    assert out["kernels"][:3] == [
+        ["fused_moe_kernel", 0.5, 50.0],
+        ["nvjet_tst_gemm", 0.5, 25.0],
+        ["_msa_sparse_attn_kernel", 0.5, 10.0],
+    ]
+    assert ["elementwise_add", 1.0, 10.0] in out["kernels"] and len(out["kernels"]) == 6
 
 
 @pytest.mark.parametrize("impl", ["stock+fused-shared", "ours+tuned-moe", "stock+one-stream", "ours+two-streams"])
