@@ -132,10 +132,12 @@ def test_bench_e2e_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     plain, spec = result["records"]
     assert (plain["mode"], spec["mode"]) == ("eager", "eagle3_eager")
     assert plain["output_tokens"] == spec["output_tokens"] == 16 and plain["mean_acceptance_length"] is None
-    assert spec["mean_acceptance_length"] > 3.0  # of 4: 3 drafts + the bonus token a step
-    for r in (plain, spec):
-        assert 0 < r["prefill_s"] < r["elapsed_s"] and r["decode_tokens_per_s"] > 0
-    assert spec["decode_vs_eager"] == spec["decode_tokens_per_s"] / plain["decode_tokens_per_s"]
+    # of 4 (3 drafts + the bonus token a step): 15 tokens after the prefill's in 4 steps, or 5 if one
+    # step ran short; the draft accepts ~nothing on other prompts (AL ~1)
+    assert spec["mean_acceptance_length"] >= 3.0
+    for r in (plain, spec):  # no timing comparison: a busy CI core can stretch either round
+        assert r["prefill_s"] > 0 and r["elapsed_s"] > 0 and "decode_tokens_per_s" in r
+    assert spec["vs_eager"] == spec["output_tokens_per_s"] / plain["output_tokens_per_s"]
 
 
 def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
