@@ -83,6 +83,8 @@ def engine_args(mode: str, args, batches: list[int]) -> dict:
         cuda_graph_max_bs_decode=max(batches),
     )
     if mode.startswith("eagle3"):
+        if args.num_steps < 1:
+            raise SystemExit(f"--num-steps={args.num_steps}: EAGLE3 drafts at least one token a step")
         kw.update(
             SPEC,
             speculative_num_steps=args.num_steps,

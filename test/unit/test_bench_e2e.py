@@ -40,9 +40,13 @@ def test_modes_set_graphs_speculation_and_overlap(bench, args):
     assert bench["engine_args"]("eagle3_eager", args, [1])["disable_cuda_graph"]
 
 
-def test_an_unknown_mode_is_refused_by_name(bench, args):
+def test_an_unknown_mode_and_no_drafts_are_refused_by_name(bench, args):
     with pytest.raises(SystemExit, match="--modes: unknown mode 'eagle3'"):
         bench["engine_args"]("eagle3", args, [1])
+    args.num_steps = 0
+    assert bench["engine_args"]("graphs", args, [1])  # plain modes draft nothing
+    with pytest.raises(SystemExit, match="--num-steps=0"):
+        bench["engine_args"]("eagle3_graphs", args, [1])
 
 
 def test_decode_rate_counts_the_tokens_after_the_first_over_the_time_past_prefill(bench):
