@@ -241,12 +241,11 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     out = {k: v / 1e3 / steps for k, v in per.items()}
     out["host_gaps"] = (span - busy) / 1e3 / steps
     out["step"] = span / 1e3 / steps
-    out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]}
+    ranked = sorted(top.items(), key=lambda x: -x[1])  # longest first
+    out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in ranked[:12]}
     out["launches_per_step"] = {k: v / steps for k, v in launches.items()} | {"total": len(kernels) / steps}
-    # every kernel of the step, longest first: [name, launches a step, us a step] (which launches to fuse)
-    out["kernels"] = [
-        [k[:90], count[k] / steps, round(v / steps, 2)] for k, v in sorted(top.items(), key=lambda x: -x[1])
-    ]
+    # every kernel of the step: [name, launches a step, us a step] (which launches to fuse)
+    out["kernels"] = [[k[:90], count[k] / steps, round(v / steps, 2)] for k, v in ranked]
     return out
 
 
