@@ -7,9 +7,10 @@ chain worker, ``--num-steps`` drafts a step, 3 by default; graphs capture the ta
 verify and the draft's passes), ``eagle3_graphs_sync`` (the same with
 ``--disable-overlap-schedule``: the overlap scheduler's share of the step, same call).
 For every batch size: ``batch`` greedy requests of ``--input-len`` prompt tokens and
-``--output-len`` new tokens (EOS ignored), timed after one warm-up round; output tokens/s
-over the whole requests, decode tokens/s (the tokens after each request's first over the
-time past a prefill-only round of the same requests: ``max_new_tokens=1``), mean
+``--output-len`` new tokens (EOS ignored), timed after one warm-up round, each timed round
+``--repeats`` times from a flushed radix cache and its median kept; output tokens/s over the
+whole requests, decode tokens/s (the tokens after each request's first over the time past a
+prefill-only round of the same requests: ``max_new_tokens=1``), mean
 acceptance length (speculative modes) and the ratios to the ``eager`` and ``graphs``
 modes at the same batch are written as JSON.
 
@@ -26,6 +27,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import statistics
 import time
 
 MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs", "eagle3_graphs_sync")
@@ -50,9 +52,13 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per measurement (their median is kept)")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool size (small pools start fast)")
     p.add_argument("--out", default="bench_results/e2e.json", help="JSON output path")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats={args.repeats}: at least one timed round")
+    return args
 
 
 def prompts(args, n: int) -> list[list[int]]:
@@ -119,6 +125,18 @@ def ratios(record: dict, records: list[dict]) -> dict:
     return out
 
 
+def median_round(run, flush, repeats: int, clock=time.perf_counter):
+    """(median seconds of ``repeats`` calls of ``run``, each after ``flush``: no radix hits; the last
+    call's result)."""
+    times, result = [], None
+    for _ in range(repeats):
+        flush()
+        start = clock()
+        result = run()
+        times.append(clock() - start)
+    return statistics.median(times), result
+
+
 def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
     import sglang as sgl
 
@@ -129,14 +147,13 @@ def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
             batch = prompts(args, bs)
             sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
             engine.generate(input_ids=batch, sampling_params=sampling)  # warm-up (and graph paths)
-            engine.flush_cache()  # no radix hits in the timed rounds
-            start = time.perf_counter()
-            engine.generate(input_ids=batch, sampling_params={**sampling, "max_new_tokens": 1})
-            prefill = time.perf_counter() - start
-            engine.flush_cache()
-            start = time.perf_counter()
-            outs = engine.generate(input_ids=batch, sampling_params=sampling)
-            elapsed = time.perf_counter() - start
+            prefill_only = {**sampling, "max_new_tokens": 1}
+            prefill, _ = median_round(
+                lambda: engine.generate(input_ids=batch, sampling_params=prefill_only), engine.flush_cache, args.repeats
+            )
+            elapsed, outs = median_round(
+                lambda: engine.generate(input_ids=batch, sampling_params=sampling), engine.flush_cache, args.repeats
+            )
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             steps = sum(o["meta_info"].get("spec_verify_ct") or 0 for o in outs)
             records.append(
@@ -190,6 +207,7 @@ def _write(out: pathlib.Path, args, records: list[dict]) -> None:
         output_len=args.output_len,
         num_steps=args.num_steps,
         dtype=args.dtype,
+        repeats=args.repeats,
         records=records,
     )
     try:

@@ -130,6 +130,7 @@ def test_bench_e2e_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     argv += ["--modes", "eager,eagle3_eager", "--batches", "1", "--prompts", "probe", "--output-len", "16"]
     result = _run_script("bench_e2e.py", argv, tmp_path / "e2e.json")
     plain, spec = result["records"]
+    assert result["repeats"] == 3  # each timed round's median of three
     assert (plain["mode"], spec["mode"]) == ("eager", "eagle3_eager")
     assert plain["output_tokens"] == spec["output_tokens"] == 16 and plain["mean_acceptance_length"] is None
     # of 4 (3 drafts + the bonus token a step): 15 tokens after the prefill's in 4 steps, or 5 if one

@@ -69,3 +69,18 @@ def test_ratios_against_the_eager_and_graph_modes_at_the_same_batch(bench):
     assert r["vs_graphs"] == pytest.approx(2.0) and r["decode_vs_graphs"] == pytest.approx(2.5)
     assert r["vs_eager"] is None and r["decode_vs_eager"] is None  # no eager mode ran
     assert bench["ratios"](rec("eagle3_graphs", 2, 1.0, 1.0), records)["vs_graphs"] is None  # no batch-2 base
+
+
+def test_a_timed_round_is_the_median_of_its_repeats_each_from_a_flushed_cache(bench):
+    ticks = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # rounds of 1 s, 3 s and 2 s
+    calls = []
+    seconds, result = bench["median_round"](
+        lambda: calls.append("run") or len(calls), lambda: calls.append("flush"), 3, clock=lambda: next(ticks)
+    )
+    assert seconds == 2.0 and calls == ["flush", "run"] * 3 and result == 6  # the last round's result
+
+
+def test_fewer_than_one_timed_round_is_refused_by_name(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--repeats", "0"])
+    assert "--repeats=0" in capsys.readouterr().err
