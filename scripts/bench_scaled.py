@@ -142,9 +142,19 @@ async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -
     return marks
 
 
+def admit_together(engine, prompts: list[list[int]]) -> None:
+    """Prefill every prompt once (one new token each), so that the measured round finds them in the radix
+    cache and the scheduler admits the whole batch in its first step or two (each request's last page).
+    Without it chunked prefill admits one 8K prompt a step while the first requests already decode: at
+    batch 64 their last tokens came before the last request's first (EAGLE3, H100, 2026-12-06)."""
+    engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1})
+
+
 def decode_tpot(engine, prompts: list[list[int]], new: int) -> float:
-    """Seconds per decode step while every request of the batch decodes: from the last request's first
-    token to the first request's last token, over the mean number of tokens a request got in that window."""
+    """Seconds per decode step while every request of the batch decodes (admitted together): from the last
+    request's first token to the first request's last token, over the mean number of tokens a request got
+    in that window."""
+    admit_together(engine, prompts)
     marks = engine.loop.run_until_complete(asyncio.gather(*(_stream(engine, p, new) for p in prompts)))
     start = max(m[0][0] for m in marks)
     end = min(m[-1][0] for m in marks)
@@ -210,6 +220,7 @@ def profile_decode(
     """Trace ``steps`` decode steps at ``batch`` and reduce the trace to ms per step per component."""
     marks = [[] for _ in range(batch)]
     prompts = _prompts(batch, length, 99 + batch, vocab)
+    admit_together(engine, prompts)
     streams = [_stream(engine, p, 4 * steps + 16, m) for p, m in zip(prompts, marks)]
     trace = trace_streams(engine, streams, marks, trace_dir, activity, steps)
     if keep is not None:  # the raw trace beside the results, for a reader who wants every kernel
@@ -247,12 +258,6 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     # every kernel of the step: [name, launches a step, us a step] (which launches to fuse)
     out["kernels"] = [[k[:90], count[k] / steps, round(v / steps, 2)] for k, v in ranked]
     return out
-
-
-def new_tokens(args, batch: int, context: int) -> int:
-    """Tokens each request generates: ``--output-len`` after the whole batch decodes, plus the steps in
-    which chunked prefill (8K a step) still admits the batch while its first requests decode."""
-    return args.output_len + 2 * batch * -(-context // 8192)
 
 
 def moe_config_dir() -> pathlib.Path:
@@ -304,8 +309,8 @@ def run_one(args) -> None:
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches, long_batches = _ints(args.batches), _ints(args.long_batches)
     need = max(
-        [b * (args.input_len + new_tokens(args, b, args.input_len) + 8) for b in batches]
-        + [b * (args.long_len + new_tokens(args, b, args.long_len) + 8) for b in long_batches]
+        [b * (args.input_len + args.output_len + 8) for b in batches]
+        + [b * (args.long_len + args.output_len + 8) for b in long_batches]
         + [max(_ints(args.prefill_lens) or [0]) + 16]
     )
     engine_args = engine_base_args(args, "dummy", need, batches + long_batches, mem_fraction_static=0.85)
@@ -331,8 +336,7 @@ def run_one(args) -> None:
         for context, sizes in ((args.input_len, batches), (args.long_len, long_batches)):
             for b in sizes:
                 prompts = _prompts(b, context, context + b, vocab)
-                new = new_tokens(args, b, context)
-                emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, new))
+                emit(kind="tpot", batch=b, context=context, ms=1e3 * decode_tpot(engine, prompts, args.output_len))
                 engine.flush_cache()
         for n in _ints(args.prefill_lens):
             prefill_latency(engine, n, 3000 + n, vocab)  # warm-up at this length

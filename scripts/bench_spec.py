@@ -213,6 +213,7 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
 
 
 def spec_step(engine, prompts, new) -> dict:
+    scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
     engine.loop.run_until_complete(asyncio.gather(*(_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks))))
     return full_batch_steps(marks)
@@ -220,6 +221,7 @@ def spec_step(engine, prompts, new) -> dict:
 
 def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int) -> pathlib.Path:
     """A GPU torch-profiler trace of ``steps`` decode-stage batches (``bench_scaled.trace_streams``)."""
+    scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
     streams = [_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks)]
     return scaled.trace_streams(engine, streams, marks, trace_dir, "GPU", steps, ready=2)
@@ -340,9 +342,7 @@ def run_one(args) -> None:
     label, _, mode = args.one.rpartition(":")
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches = scaled._ints(args.batches)
-    need = max(
-        b * (args.input_len + scaled.new_tokens(args, b, args.input_len) + 8 + 2 * args.num_steps) for b in batches
-    )
+    need = max(b * (args.input_len + args.output_len + 8 + 2 * args.num_steps) for b in batches)
     engine_args = scaled.engine_base_args(args, args.load_format, need, batches, args.mem_fraction_static)
     if mode == "spec":
         K = args.num_steps
@@ -370,7 +370,7 @@ def run_one(args) -> None:
         engine.generate(input_ids=warm, sampling_params={"max_new_tokens": 8, "ignore_eos": True})
         for b in batches:
             try:
-                new = scaled.new_tokens(args, b, args.input_len)
+                new = args.output_len  # the batch is admitted together (bench_scaled.admit_together)
                 prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
                 if mode == "decode":
                     emit(kind="time", batch=b, ms=1e3 * scaled.decode_tpot(engine, prompts, new))
