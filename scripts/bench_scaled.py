@@ -17,8 +17,6 @@ its own process (``--impls``):
   (the shared expert as FusedMoE's expert E instead of its own MLP);
 * ``ours+one-stream``: the separate shared expert on the main stream (``SGLANG_M3_SHARED_EXPERT_STREAM=0``)
   instead of a side stream beside the routed experts;
-* ``ours+carveout16`` (any count): the side stream's GEMMs leave that many SMs to the router's kernels
-  (``SGLANG_M3_SHARED_EXPERT_SM_CARVEOUT=16``);
 * ``stock+tuned-moe``: stock with sglang-m3's tuned fused-MoE configs (``python/sglang_m3/moe_configs``)
   through ``SGLANG_MOE_CONFIG_DIR``, so that a comparison does not credit the plugin with tiles stock
   could use as well (SGLang ships none for M3's expert shapes).
@@ -56,9 +54,7 @@ NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no install
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (importing it would load SGLang)
 # Start-up lines kept per impl: weights and KV per rank, token capacity, which fused-MoE configs ran
 STARTUP_MARKS = ("sglang-m3 per rank", "Load weight end", "max_total_num_tokens", "MoE kernel config", "tuned for M3")
-# (flag, on stock); carveoutN: any count
-IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("carveoutN", False), ("tuned-moe", True)}
-SM_CARVEOUT_ENV = "SGLANG_M3_SHARED_EXPERT_SM_CARVEOUT"  # sglang_m3.model.mlp's
+IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True)}  # (flag, on stock)
 # Kernel-name patterns -> component of a decode step (first match wins).
 COMPONENTS = (
     ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
@@ -426,7 +422,6 @@ def main(argv=None) -> dict:
     impls = args.impls.split(",")
     for impl in impls:
         flag = impl.partition("+")[2]
-        flag = "carveoutN" if flag.startswith("carveout") and flag[len("carveout") :].isdigit() else flag
         if flag and (flag, impl.startswith("stock")) not in IMPL_FLAGS:
             known = ", ".join(f"{'stock' if on_stock else 'ours'}+{f}" for f, on_stock in sorted(IMPL_FLAGS))
             raise SystemExit(f"--impls: unknown {impl!r} (flags: {known})")
@@ -441,8 +436,6 @@ def main(argv=None) -> dict:
             env["SGLANG_PLUGINS"] = NO_PLUGIN
         if impl.endswith("+one-stream"):
             env[SIDE_STREAM_ENV] = "0"
-        if "+carveout" in impl:
-            env[SM_CARVEOUT_ENV] = impl.partition("+carveout")[2]
         config_dir = moe_config_dir() if impl.endswith("+tuned-moe") else None
         if config_dir is not None:
             env["SGLANG_MOE_CONFIG_DIR"] = str(config_dir)

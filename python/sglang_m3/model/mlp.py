@@ -15,10 +15,6 @@ A separate shared expert runs on a side CUDA stream beside the router and the ro
 CUDA graphs are captured (up to ``SIDE_STREAM_MAX_TOKENS`` tokens), as SGLang's DeepSeek / Qwen MoE
 models run theirs: at decode sizes both are small memory-bound GEMMs whose ramp-up and tail the other
 fills. ``SGLANG_M3_SHARED_EXPERT_STREAM=0`` keeps it on the main stream (the benchmarks' A/B switch).
-``SGLANG_M3_SHARED_EXPERT_SM_CARVEOUT=N`` (N > 0) has the side stream's GEMMs leave N SMs free
-(``sm_carveout``): otherwise they hold every SM and the router's latency-bound kernels on the main
-stream (the bf16 -> fp32 copy, the fp32 GEMM, top-k, block alignment) wait behind them; profiles put
-that copy at 14-27 us a layer instead of ~2 (benchmarks/e2e.md).
 
 On CPU (no Triton, and SGLang's native MoE path ignores alpha/limit for ``silu``: DESIGN
 section 4) and for fp32 models on CUDA ``route`` and ``experts_ref`` are the path, over the
@@ -27,7 +23,6 @@ same ``FusedMoE`` parameters; they are also the test oracle of the CUDA path.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -45,37 +40,6 @@ from .layers import swiglu, swiglu_oai
 
 SIDE_STREAM_MAX_TOKENS = 1024  # SGLang's DUAL_STREAM_TOKEN_THRESHOLD for its MoE models' shared experts
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"
-SM_CARVEOUT_ENV = "SGLANG_M3_SHARED_EXPERT_SM_CARVEOUT"
-
-
-def sm_carveout_from_env() -> int:
-    """``SGLANG_M3_SHARED_EXPERT_SM_CARVEOUT`` (default 0: off), checked at start-up."""
-    value = os.environ.get(SM_CARVEOUT_ENV, "0")
-    if not value.isdigit():
-        raise ValueError(f"{SM_CARVEOUT_ENV}={value!r}: expected a number of SMs (0: off)")
-    sms = int(value)
-    if sms and sms >= (count := torch.cuda.get_device_properties().multi_processor_count):
-        raise ValueError(f"{SM_CARVEOUT_ENV}={sms}: this GPU has {count} SMs")
-    return sms
-
-
-@contextlib.contextmanager
-def sm_carveout(sms: int):
-    """GEMMs launched inside leave ``sms`` SMs free (0: no change). Torch's experimental carveout sets
-    cuBLASLt's SM-count target and only its cuBLASLt path reads it, so that path is selected for the
-    duration as well; both settings are restored. Meant for graph capture, where the choice is recorded
-    into the captured kernels."""
-    if sms <= 0:
-        yield
-        return
-    backend, carveout = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    torch._C._set_sm_carveout_experimental(sms)
-    try:
-        yield
-    finally:
-        torch._C._set_sm_carveout_experimental(carveout)
-        torch.backends.cuda.preferred_blas_library(backend)
 
 
 class DenseMLP(nn.Module):
@@ -181,14 +145,13 @@ class MoE(nn.Module):
         )
         side = not fused and torch.get_default_device().type == "cuda" and os.environ.get(SIDE_STREAM_ENV) != "0"
         self.side_stream = get_stream("alt") if side else None  # created here: not while a graph is captured
-        self.side_sm_carveout = sm_carveout_from_env() if side else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         main = torch.cuda.current_stream() if x.is_cuda else None
         side = self.side_stream if x.shape[0] <= SIDE_STREAM_MAX_TOKENS and get_is_capture_mode() else None
         if side is not None:
             side.wait_stream(main)
-            with torch.cuda.stream(side), sm_carveout(self.side_sm_carveout):
+            with torch.cuda.stream(side):
                 shared = self.shared_experts(x)  # [T, H]: this rank's part
         else:
             shared = None if self.shared_experts is None else self.shared_experts(x)
