@@ -142,6 +142,13 @@ async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -
     return marks
 
 
+# KV tokens per request beyond prompt + output under ``admit_together``: the measured request recomputes
+# its cached prompt's last page (64 tokens, the MSA block) beside the cached copy, and SGLang admits a
+# request only with room for its new tokens; 8 tokens of slack admitted 63 of 64 requests at batch 64
+# (H100, 2026-12-06), the 64th after the others had finished.
+ADMIT_SLACK = 256
+
+
 def admit_together(engine, prompts: list[list[int]]) -> None:
     """Prefill every prompt once (one new token each), so that the measured round finds them in the radix
     cache and the scheduler admits the whole batch in its first step or two (each request's last page).
@@ -309,8 +316,8 @@ def run_one(args) -> None:
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches, long_batches = _ints(args.batches), _ints(args.long_batches)
     need = max(
-        [b * (args.input_len + args.output_len + 8) for b in batches]
-        + [b * (args.long_len + args.output_len + 8) for b in long_batches]
+        [b * (args.input_len + args.output_len + ADMIT_SLACK) for b in batches]
+        + [b * (args.long_len + args.output_len + ADMIT_SLACK) for b in long_batches]
         + [max(_ints(args.prefill_lens) or [0]) + 16]
     )
     engine_args = engine_base_args(args, "dummy", need, batches + long_batches, mem_fraction_static=0.85)

@@ -187,6 +187,8 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
     completion tokens / final verify count); without a count, its chunks in the window (one per step)."""
     start = max(m[0][0] for m in marks)
     end = min(m[-1][0] for m in marks)
+    if end <= start:
+        raise RuntimeError("no full-batch window: a request's first chunk came after another's last")
 
     def at(m, t):
         return max(x[1] for x in m if x[0] <= t)
@@ -201,7 +203,7 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
             counted = False
             steps.append(sum(1 for x in m if start < x[0] <= end))
         tokens.append(got)
-    if end <= start or min(steps) < 4:
+    if min(steps) < 4:
         raise RuntimeError(f"no full-batch window of 4+ steps (steps {steps}): raise --output-len")
     mean_steps = sum(steps) / len(steps)
     return dict(
@@ -342,7 +344,7 @@ def run_one(args) -> None:
     label, _, mode = args.one.rpartition(":")
     vocab = M3Config.from_hf(json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())).vocab_size
     batches = scaled._ints(args.batches)
-    need = max(b * (args.input_len + args.output_len + 8 + 2 * args.num_steps) for b in batches)
+    need = max(b * (args.input_len + args.output_len + scaled.ADMIT_SLACK + 2 * args.num_steps) for b in batches)
     engine_args = scaled.engine_base_args(args, args.load_format, need, batches, args.mem_fraction_static)
     if mode == "spec":
         K = args.num_steps

@@ -133,3 +133,6 @@ def test_full_batch_steps_from_final_verify_count(bench):
     assert out["seconds_per_step"] == pytest.approx(0.95 / out["steps"])
     with pytest.raises(RuntimeError, match="raise --output-len"):
         bench["full_batch_steps"]([r0[:3], r1])
+    late = [(1.2 + 0.1 * k, 1 + k, None) for k in range(6)]  # admitted after request 0 had finished
+    with pytest.raises(RuntimeError, match="no full-batch window: a request's first chunk came after"):
+        bench["full_batch_steps"]([r0, late])
