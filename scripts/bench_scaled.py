@@ -23,8 +23,9 @@ its own process (``--impls``):
 
 Measured per implementation: decode TPOT at every ``--batches`` with ``--input-len`` prompts and
 at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
-of the batch is decoding), prefill latency of one prompt per ``--prefill-lens``, and, at
-``--profile-batches``, a torch-profiler trace of decode steps reduced to time per component.
+of the batch is decoding, the batch admitted together: ``admit_together``), prefill latency of one
+prompt per ``--prefill-lens``, and, at ``--profile-batches``, a torch-profiler trace of decode steps
+reduced to time per component.
 Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``, by default
 this GPU's device-to-device copy bandwidth measured in the same run: ~4.3 TB/s on an H200, ~3.0 on an H100).
 
