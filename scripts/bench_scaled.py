@@ -158,16 +158,25 @@ def admit_together(engine, prompts: list[list[int]]) -> None:
     engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1})
 
 
+def full_batch_window(marks: list[list[tuple]]) -> tuple[float, float]:
+    """From the last request's first mark to the first request's last (marks: ``(time, ...)`` per streamed
+    chunk, one list a request); raises when a request started only after another had ended."""
+    start = max(m[0][0] for m in marks)
+    end = min(m[-1][0] for m in marks)
+    if end <= start:
+        raise RuntimeError("no full-batch window: a request's first chunk came after another's last")
+    return start, end
+
+
 def decode_tpot(engine, prompts: list[list[int]], new: int) -> float:
     """Seconds per decode step while every request of the batch decodes (admitted together): from the last
     request's first token to the first request's last token, over the mean number of tokens a request got
     in that window."""
     admit_together(engine, prompts)
     marks = engine.loop.run_until_complete(asyncio.gather(*(_stream(engine, p, new) for p in prompts)))
-    start = max(m[0][0] for m in marks)
-    end = min(m[-1][0] for m in marks)
+    start, end = full_batch_window(marks)
     steps = [sum(1 for t, _ in m if start < t <= end) for m in marks]
-    if end <= start or min(steps) < 4:
+    if min(steps) < 4:
         raise RuntimeError(f"no full-batch decode window (steps {steps}): raise --output-len")
     tokens = [max(n for t, n in m if t <= end) - max(n for t, n in m if t <= start) for m in marks]
     return (end - start) / (sum(tokens) / len(tokens))

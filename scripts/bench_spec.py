@@ -185,10 +185,7 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
     SGLang reports ``spec_verify_ct`` only with a request's final chunk, and streamed chunks may coalesce, so a
     request's steps in the window are its tokens there divided by its own acceptance length (final
     completion tokens / final verify count); without a count, its chunks in the window (one per step)."""
-    start = max(m[0][0] for m in marks)
-    end = min(m[-1][0] for m in marks)
-    if end <= start:
-        raise RuntimeError("no full-batch window: a request's first chunk came after another's last")
+    start, end = scaled.full_batch_window(marks)
 
     def at(m, t):
         return max(x[1] for x in m if x[0] <= t)

@@ -99,3 +99,11 @@ def test_one_stream_switch_is_the_models(bench):
     from sglang_m3.model import mlp
 
     assert bench["SIDE_STREAM_ENV"] == mlp.SIDE_STREAM_ENV
+
+
+def test_full_batch_window(bench):
+    a, b = [(0.0, 1), (0.5, 5), (1.0, 9)], [(0.2, 1), (0.9, 8), (1.4, 12)]
+    assert bench["full_batch_window"]([a, b]) == (0.2, 1.0)
+    late = [(1.1, 1), (1.5, 4)]  # admitted after request a had finished
+    with pytest.raises(RuntimeError, match="no full-batch window: a request's first chunk came after"):
+        bench["full_batch_window"]([a, late])
