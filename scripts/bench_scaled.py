@@ -289,7 +289,9 @@ def moe_config_dir() -> pathlib.Path:
 
 def engine_base_args(args, load_format: str, tokens: int, batches: list[int], mem_fraction_static: float) -> dict:
     """``sgl.Engine`` arguments both benchmark scripts share: token ids in and out, KV for ``tokens`` plus
-    slack, decode graphs only at the measured ``batches`` (a shorter start-up), 8K prefill chunks."""
+    slack, decode graphs only at the measured ``batches`` (a shorter start-up), 8K prefill chunks, and room
+    for the largest batch to run at once (SGLang caps an EAGLE engine at 48 running requests unless told:
+    ``arg_groups/speculative_hook.py``; at batch 64 the last 16 waited for the first to finish)."""
     return dict(
         model_path=args.model_dir,
         load_format=load_format,
@@ -302,6 +304,7 @@ def engine_base_args(args, load_format: str, tokens: int, batches: list[int], me
         kv_cache_dtype=args.kv_cache_dtype,
         max_total_tokens=tokens + 4096,
         cuda_graph_bs_decode=sorted(set(batches)),
+        max_running_requests=max(batches, default=1),
         chunked_prefill_size=PREFILL_CHUNK,
         mem_fraction_static=mem_fraction_static,
         log_level="info",

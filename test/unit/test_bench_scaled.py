@@ -107,3 +107,13 @@ def test_full_batch_window(bench):
     late = [(1.1, 1), (1.5, 4)]  # admitted after request a had finished
     with pytest.raises(RuntimeError, match="no full-batch window: a request's first chunk came after"):
         bench["full_batch_window"]([a, late])
+
+
+def test_engine_args_let_the_largest_batch_run_at_once(bench):
+    """SGLang caps an EAGLE engine at 48 running requests unless told: the batch-64 spec rows need 64."""
+    args = argparse.Namespace(
+        model_dir="m", device="cuda", dtype="bfloat16", tp_size=1, ep_size=1, kv_cache_dtype="auto"
+    )  # fmt: skip
+    engine = bench["engine_base_args"](args, "dummy", 1 << 20, [64, 1, 8], 0.85)
+    assert engine["max_running_requests"] == 64 and engine["cuda_graph_bs_decode"] == [1, 8, 64]
+    assert bench["engine_base_args"](args, "dummy", 8192, [], 0.85)["max_running_requests"] == 1
