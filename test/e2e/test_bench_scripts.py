@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -112,7 +113,7 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     started while the batch decodes, and both ranks' start-up lines."""
     argv = ["--model-path", str(tiny_vl), "--impls", "ours", "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "2", "--long-batches", "", "--input-len", "96", "--prefill-lens", "96"]
-    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2", "--keep-traces"]
+    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2", "--keep-traces", "--rounds", "2"]
     result = _run_script("bench_scaled.py", argv, tmp_path / "scaled.json", {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
     assert (tmp_path / "scaled.ours-b2.trace.json.gz").stat().st_size > 0  # the raw trace, kept
     per_rank = [line for line in result["startup_lines"]["ours"] if "sglang-m3 per rank of TP 2" in line]
@@ -120,6 +121,8 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     records = {r["kind"]: r for r in result["records"]}
     assert set(records) == {"startup", "tpot", "prefill", "profile"}
     assert records["tpot"]["ms"] > 0 and records["tpot"]["floor_ms"] > 0 and records["prefill"]["ms"] > 0
+    for row in records["tpot"], records["prefill"]:  # the median of --rounds rounds, each kept
+        assert len(row["ms_rounds"]) == 2 and row["ms"] == statistics.median(row["ms_rounds"])
     assert "ms_per_step" in records["profile"]  # on CPU the trace holds no GPU kernels to split
 
 

@@ -117,3 +117,9 @@ def test_engine_args_let_the_largest_batch_run_at_once(bench):
     engine = bench["engine_base_args"](args, "dummy", 1 << 20, [64, 1, 8], 0.85)
     assert engine["max_running_requests"] == 64 and engine["cuda_graph_bs_decode"] == [1, 8, 64]
     assert bench["engine_base_args"](args, "dummy", 8192, [], 0.85)["max_running_requests"] == 1
+
+
+def test_rounds_below_one_are_refused(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--rounds", "0"])
+    assert "--rounds=0: needs 1 or more" in capsys.readouterr().err
