@@ -24,7 +24,7 @@ its own process (``--impls``):
 Measured per implementation: decode TPOT at every ``--batches`` with ``--input-len`` prompts and
 at ``--long-batches`` with ``--long-len`` prompts (streamed; the time per step while every request
 of the batch is decoding, the batch admitted together: ``admit_together``), prefill latency of one
-prompt per ``--prefill-lens``, each the median of ``--rounds`` rounds (all kept in ``ms_rounds``: on a
+prompt per ``--prefill-lens``, each the median (low) of ``--repeats`` rounds (all kept in ``ms_repeats``: on a
 shared machine one round can stand apart, as the first batch-1 row after start-up did on an H200), and,
 at ``--profile-batches``, a torch-profiler trace of decode steps reduced to time per component.
 Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``, by default
@@ -83,7 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--long-len", type=int, default=65536)
     p.add_argument("--prefill-lens", default="8192,32768")
     p.add_argument("--output-len", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=3, help="each TPOT and prefill row: the median of this many rounds")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per TPOT / prefill row (median_low kept)")
     p.add_argument("--profile-batches", default="1,32", help="decode steps traced at these batches ('' = none)")
     p.add_argument("--keep-traces", action="store_true", help="each profile's raw trace beside --out, too")
     p.add_argument("--kv-cache-dtype", default="auto")
@@ -96,8 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error(f"--rounds={args.rounds}: needs 1 or more")
+    if args.repeats < 1:
+        p.error(f"--repeats={args.repeats}: at least one timed round")
     return args
 
 
@@ -362,17 +362,17 @@ def run_one(args) -> None:
         for context, sizes in ((args.input_len, batches), (args.long_len, long_batches)):
             for b in sizes:
                 prompts = _prompts(b, context, context + b, vocab)
-                ms = [1e3 * decode_tpot(engine, prompts, args.output_len) for _ in range(args.rounds)]
-                emit(kind="tpot", batch=b, context=context, ms=statistics.median(ms), ms_rounds=ms)
+                ms = [1e3 * decode_tpot(engine, prompts, args.output_len) for _ in range(args.repeats)]
+                emit(kind="tpot", batch=b, context=context, ms=statistics.median_low(ms), ms_repeats=ms)
                 engine.flush_cache()
         for n in _ints(args.prefill_lens):
             prefill_latency(engine, n, 3000 + n, vocab)  # warm-up at this length
             engine.flush_cache()
             ms = []
-            for r in range(args.rounds):  # a fresh prompt each round: no radix-cache hit
+            for r in range(args.repeats):  # a fresh prompt each round: no radix-cache hit
                 ms.append(1e3 * prefill_latency(engine, n, 4000 + n + r, vocab))
                 engine.flush_cache()
-            emit(kind="prefill", batch=1, context=n, ms=statistics.median(ms), ms_rounds=ms)
+            emit(kind="prefill", batch=1, context=n, ms=statistics.median_low(ms), ms_repeats=ms)
         for b in _ints(args.profile_batches):
             tag = f"{args.one.replace(':', '-').replace('+', '-')}-b{b}"
             out = pathlib.Path(args.out)
@@ -509,6 +509,7 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
         or f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, dummy weights",
         tp_size=args.tp_size,
         ep_size=args.ep_size,
+        repeats=args.repeats,
         kv_cache_dtype=args.kv_cache_dtype,
         hbm_tbps=args.hbm_tbps,
         startup_lines=startup_lines,

@@ -21,7 +21,8 @@ prompts):
 
 * ``t_decode``: streamed full-batch TPOT of the plain engine (``bench_scaled.decode_tpot``);
 * ``t_step``: streamed time per verify step of the spec engine, while the whole batch decodes (steps counted
-  by ``meta_info["spec_verify_ct"]``, or by streamed chunks where that is absent);
+  by ``meta_info["spec_verify_ct"]``, or by streamed chunks where that is absent); both the lower median of
+  ``--repeats`` rounds (each kept in the raw record's ``ms_repeats``);
 * ``t_verify``, ``t_draft``: from a torch-profiler GPU trace of spec steps (CUDA only). ASSUMPTION (worker.py
   ``_decode`` / draft_graphs.py): with graphs on, one spec step is exactly three ``cudaGraphLaunch`` calls in
   this order: the draft chain (K - 1 draft decodes), the target's verify, the draft catch-up; acceptance and
@@ -89,6 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per time row (median_low kept)")
     p.add_argument("--modes", default="decode,spec", help="engines per cut: decode (plain), spec (EAGLE3)")
     p.add_argument("--num-steps", type=int, default=3, help="K: draft tokens per step (topk 1, K + 1 verify rows)")
     p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
@@ -115,7 +117,10 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--draft-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats={args.repeats}: at least one timed round")
+    return args
 
 
 def parse_cuts(text: str) -> list[tuple[int, int]]:
@@ -371,11 +376,15 @@ def run_one(args) -> None:
             try:
                 new = args.output_len  # the batch is admitted together (bench_scaled.admit_together)
                 prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
-                if mode == "decode":
-                    emit(kind="time", batch=b, ms=1e3 * scaled.decode_tpot(engine, prompts, new))
-                else:
-                    r = spec_step(engine, prompts, new)
-                    emit(kind="time", batch=b, ms=1e3 * r.pop("seconds_per_step"), **r)
+                rounds = [
+                    spec_step(engine, prompts, new)
+                    if mode == "spec"
+                    else {"seconds_per_step": scaled.decode_tpot(engine, prompts, new)}
+                    for _ in range(args.repeats)
+                ]
+                ms = [1e3 * r["seconds_per_step"] for r in rounds]
+                mid = sorted(rounds, key=lambda r: r["seconds_per_step"])[(len(rounds) - 1) // 2]  # median_low's
+                emit(kind="time", batch=b, ms=1e3 * mid.pop("seconds_per_step"), ms_repeats=ms, **mid)
                 engine.flush_cache()
                 if args.device == "cuda" and args.profile_steps:
                     trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-spec-traces" / f"{label}-{mode}-b{b}"
@@ -691,6 +700,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         model=args.model_path or "released M3 config cut to DENSE+SPARSE layers, dummy weights",
         spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
         input_len=args.input_len,
+        repeats=args.repeats,
         tp_size=args.tp_size,
         ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,

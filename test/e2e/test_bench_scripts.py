@@ -113,7 +113,7 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     started while the batch decodes, and both ranks' start-up lines."""
     argv = ["--model-path", str(tiny_vl), "--impls", "ours", "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "2", "--long-batches", "", "--input-len", "96", "--prefill-lens", "96"]
-    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2", "--keep-traces", "--rounds", "2"]
+    argv += ["--output-len", "12", "--profile-batches", "2", "--tp-size", "2", "--keep-traces", "--repeats", "2"]
     result = _run_script("bench_scaled.py", argv, tmp_path / "scaled.json", {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
     assert (tmp_path / "scaled.ours-b2.trace.json.gz").stat().st_size > 0  # the raw trace, kept
     per_rank = [line for line in result["startup_lines"]["ours"] if "sglang-m3 per rank of TP 2" in line]
@@ -121,8 +121,8 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     records = {r["kind"]: r for r in result["records"]}
     assert set(records) == {"startup", "tpot", "prefill", "profile"}
     assert records["tpot"]["ms"] > 0 and records["tpot"]["floor_ms"] > 0 and records["prefill"]["ms"] > 0
-    for row in records["tpot"], records["prefill"]:  # the median of --rounds rounds, each kept
-        assert len(row["ms_rounds"]) == 2 and row["ms"] == statistics.median(row["ms_rounds"])
+    for row in records["tpot"], records["prefill"]:  # the median of --repeats rounds, each kept
+        assert len(row["ms_repeats"]) == 2 and row["ms"] == statistics.median_low(row["ms_repeats"])
     assert "ms_per_step" in records["profile"]  # on CPU the trace holds no GPU kernels to split
 
 
@@ -148,9 +148,11 @@ def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     """scripts/bench_spec.py end to end on CPU (the H200 runs it on the cut release with a real-width
     draft): a plain decode engine and an EAGLE3 engine, t_decode and t_step from streamed steps."""
     argv = ["--model-path", str(tiny_vl), "--draft-path", str(tiny_draft), "--device", "cpu", "--dtype", "float32"]
-    argv += ["--batches", "2", "--input-len", "96", "--output-len", "24"]
+    argv += ["--batches", "2", "--input-len", "96", "--output-len", "24", "--repeats", "2"]
     result = _run_script("bench_spec.py", argv, tmp_path / "spec.json")
-    assert result["errors"] == [] and result["spec"]["num_steps"] == 3
+    assert result["errors"] == [] and result["spec"]["num_steps"] == 3 and result["repeats"] == 2
+    for raw in (r for r in result["raw"] if r["kind"] == "time"):  # each engine's row: the lower median of 2
+        assert len(raw["ms_repeats"]) == 2 and raw["ms"] == min(raw["ms_repeats"])
     (row,) = result["records"]
     assert row["batch"] == 2 and row["t_decode"] > 0 and row["t_step"] > 0
     # Random prompts: the tiny draft accepts little, but every step commits at least its bonus token.

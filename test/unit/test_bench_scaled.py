@@ -119,7 +119,7 @@ def test_engine_args_let_the_largest_batch_run_at_once(bench):
     assert bench["engine_base_args"](args, "dummy", 8192, [], 0.85)["max_running_requests"] == 1
 
 
-def test_rounds_below_one_are_refused(bench, capsys):
+def test_repeats_below_one_are_refused(bench, capsys):
     with pytest.raises(SystemExit):
-        bench["parse_args"](["--rounds", "0"])
-    assert "--rounds=0: needs 1 or more" in capsys.readouterr().err
+        bench["parse_args"](["--repeats", "0"])
+    assert "--repeats=0: at least one timed round" in capsys.readouterr().err
