@@ -150,7 +150,7 @@ async def _stream(engine, ids: list[int], new: int, marks: list | None = None) -
 
 
 # KV tokens per request beyond prompt + output under ``admit_together``: the measured request recomputes
-# its cached prompt's last page (64 tokens, the MSA block) beside the cached copy, and SGLang admits a
+# its cached prompt's last page (128 tokens, the MSA block) beside the cached copy, and SGLang admits a
 # request only with room for its new tokens; 8 tokens of slack admitted 63 of 64 requests at batch 64
 # (H100, 2026-12-06), the 64th after the others had finished.
 ADMIT_SLACK = 256
