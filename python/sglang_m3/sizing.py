@@ -19,6 +19,9 @@ GIB = 1 << 30
 # projections); the embedding, head, indexer projections and norms stay in the model dtype, the
 # router in fp32.
 FP8_ELEMENT_BYTES = 1
+# Bytes per router element: the released fp32, which a 2-byte (BF16) model on CUDA holds as three BF16 parts
+# (model.layers.Router).
+ROUTER_ELEMENT_BYTES = {2: 6, 4: 4}
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def rank_weights(
         indexer=len(cfg.sparse_layer_ids) * indexer,
         dense_mlp=(cfg.num_layers - moe_layers) * 3 * h * cfg.dense_intermediate_size // tp * q,
         shared_experts=moe_layers * 3 * h * cfg.shared_intermediate_size // tp * q,
-        router=moe_layers * h * cfg.num_experts * 4,
+        router=moe_layers * h * cfg.num_experts * ROUTER_ELEMENT_BYTES[dtype_bytes],
         experts=moe_layers * cfg.num_experts // ep * expert_bytes(cfg, quantization, tp // ep, dtype_bytes),
     )
 

@@ -123,6 +123,7 @@ QUANT_LAYERS = re.compile(r"\.(?:qkv_proj|o_proj|gate_up_proj|down_proj)$")
 def test_every_quantised_layer_gets_a_block_scale_of_the_right_shape(models):
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang_m3.model.layers import Router
 
     _, model = models
     bn, bk = TINY_BLOCK
@@ -140,7 +141,7 @@ def test_every_quantised_layer_gets_a_block_scale_of_the_right_shape(models):
             assert module.weight_scale_inv.shape == (-(-out // bn), -(-inp // bk)), name
             assert module.weight_scale_inv.dtype == torch.float32
             seen["linear"] += 1
-        elif isinstance(module, LinearBase):  # router, indexer: unquantised
+        elif isinstance(module, (LinearBase, Router)):  # router, indexer: unquantised
             assert module.weight.dtype in (torch.bfloat16, torch.float32) and not hasattr(module, "weight_scale_inv")
             seen["plain"] += 1
     assert seen == {"linear": 4 * 2 + 2 + 3 * 2, "moe": 3, "plain": 3 + 3}

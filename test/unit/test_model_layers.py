@@ -1,10 +1,13 @@
 """The CUDA fast paths of the model's small layers against the torch path (their reference).
 
-On CUDA in bf16 the attention layer norms and rotates q / k with SGLang's fused kernel over our
-cos/sin table, and the MLPs take SGLang's compiled SwiGLU-OAI; fp32 and CPU take the torch path
-(``GemmaNorm`` + ``PartialNeoxRope``, ``swiglu_oai``), which the token-exact tests pin to
-transformers. Fresh random inputs; bf16 tolerance: the reference computes in fp32 from the same
-bf16 inputs, so the fast path may differ by its bf16 roundings (atol 3e-2, rtol 1e-2).
+On CUDA in bf16 the MoE router multiplies the fp32 weight's three bf16 parts in one bf16 GEMM into
+fp32 (``Router``), checked against an fp64 product: it must stay within fp32 rounding, far inside
+what casting the weight to bf16 (SGLang's M3) costs. The attention layer norms and rotates q / k
+with SGLang's fused kernel over our cos/sin table, and the MLPs take SGLang's compiled SwiGLU-OAI;
+fp32 and CPU take the torch path (``GemmaNorm`` + ``PartialNeoxRope``, ``swiglu_oai``), which the
+token-exact tests pin to transformers. Fresh random inputs; bf16 tolerance: the reference computes
+in fp32 from the same bf16 inputs, so the fast path may differ by its bf16 roundings (atol 3e-2,
+rtol 1e-2).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from sglang_m3.model.layers import (
     FUSED_HEAD_DIM,
     FUSED_ROTARY_DIM,
     PartialNeoxRope,
+    Router,
     fused_qk_norm_rope,
+    split_bf16,
     swiglu,
     swiglu_oai,
 )
@@ -79,3 +84,44 @@ def test_compiled_swiglu_matches_torch_path():
     gate_up = (4 * torch.randn(33, 2 * 512, device="cuda")).to(torch.bfloat16)  # beyond the limit too
     want = swiglu_oai(gate_up.float(), 1.702, 7.0)
     torch.testing.assert_close(swiglu(gate_up, 1.702, 7.0).float(), want, **BF16)
+
+
+@pytest.mark.parametrize("scale", [1e-20, 0.02, 3.0, 1e30])
+def test_split_bf16_parts_sum_to_the_fp32_weight_exactly(scale):
+    torch.manual_seed(1)
+    weight = torch.randn(128, 257) * scale
+    parts = split_bf16(weight)
+    assert parts.dtype == torch.bfloat16 and parts.shape == (3 * 128, 257)
+    hi, mid, lo = parts.float().view(3, 128, 257)
+    assert torch.equal((hi + mid) + lo, weight)
+    assert not torch.equal(hi, weight)  # one part alone is not enough: the split did something
+
+
+def test_router_loads_and_checks_the_released_shape():
+    torch.manual_seed(2)
+    router = Router(64, 8, split=False)
+    weight = torch.randn(8, 64)
+    router.weight.weight_loader(router.weight, weight)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    torch.testing.assert_close(router(x), x.float() @ weight.t(), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"router weight shape=\(64, 8\): expected \(8, 64\)"):
+        router.weight.weight_loader(router.weight, weight.t())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4, 64, 300])
+def test_split_router_is_the_fp32_product(tokens):
+    torch.manual_seed(tokens)
+    hidden, experts = 6144, 128  # the released router
+    weight = torch.randn(experts, hidden, device="cuda") * 0.02
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    with torch.device("cuda"):
+        router = Router(hidden, experts, split=True)
+    router.weight.weight_loader(router.weight, weight.cpu())
+    want = x.double() @ weight.double().t()
+    err = (router(x).double() - want).abs().max().item()
+    bf16_cast = (x.double() @ weight.to(torch.bfloat16).double().t() - want).abs().max().item()
+    assert router(x).dtype == torch.float32
+    # Hopper's tensor cores add fp32 products with truncated alignment, not IEEE: ~2^-17 of the largest
+    # logit (cuBLAS's fp32 GEMV: ~2^-21), where the bf16 weight is off by ~2^-8
+    assert err < want.abs().max().item() * 2**-15 and err < bf16_cast / 200, (err, bf16_cast)

@@ -8,6 +8,9 @@
 * ``swiglu_oai``: the clamped SwiGLU of MiniMax-M3 / GPT-OSS with gate and up
   *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit. On CUDA in
   half precision ``swiglu`` hands it to SGLang's compiled one (what its M3 MLP uses).
+* ``Router``: the MoE router's fp32 logits. SGLang's M3 casts the released fp32 weight to
+  bf16 (``SGLANG_OPT_USE_BF16_ROUTER_GEMM``), which moves near-tied routing decisions; an
+  fp32 linear layer converts the hidden state every layer and runs cuBLAS's slow fp32 GEMV.
 * ``GemmaNorm`` / ``RMSNorm``: SGLang's norms on CUDA call sgl-kernel, which
   dispatches half types only; fp32 runs (the token-exact checks) take their own
   native path instead.
@@ -16,6 +19,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from sglang.srt.layers import layernorm
 from torch import nn
 
@@ -33,6 +37,63 @@ class GemmaNorm(_Fp32Native, layernorm.GemmaRMSNorm):
 
 class RMSNorm(_Fp32Native, layernorm.RMSNorm):
     """``x / rms(x) * w`` (the Llama-style EAGLE3 draft)."""
+
+
+SPLIT_PARTS = 3  # bf16 keeps 8 of fp32's 24 significand bits: three parts hold all of them
+
+
+def split_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[N, K]`` -> bf16 ``[3 N, K]``: three ``[N, K]`` parts whose sum is ``weight`` exactly, each
+    the bf16 rounding of what the parts before it left (a rounding's remainder is exact in fp32; exact
+    while no part falls below fp32's normal range, ~1e-38, i.e. for weights above ~1e-30)."""
+    parts, rest = [], weight.float()
+    for _ in range(SPLIT_PARTS):
+        parts.append(rest.to(torch.bfloat16))
+        rest = rest - parts[-1].float()
+    return torch.cat(parts)
+
+
+class Router(nn.Module):
+    """``x W^T`` in fp32 for the released fp32 router weight ``W [E, H]`` (DESIGN section 4), replicated.
+
+    fp32 and CPU models hold ``W`` and multiply in fp32. CUDA bf16 models hold it as ``split_bf16``'s
+    three parts (the checkpoint's tensor is split as it loads) and take the logits from one bf16 GEMM
+    with fp32 output over them plus a sum of the three: bf16 x bf16 products are exact in fp32 and cuBLAS
+    accumulates in fp32, so this is the fp32 product up to summation order, with no conversion of ``x``
+    and no fp32 GEMV (cuBLAS's took ~16 us a layer at batch 1 on an H100, for a 3 MB weight)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, split: bool):
+        super().__init__()
+        self.split, self.num_experts = split, num_experts
+        shape, dtype = (
+            ((SPLIT_PARTS * num_experts, hidden_size), torch.bfloat16)
+            if split
+            else (
+                (num_experts, hidden_size),
+                torch.float32,
+            )
+        )
+        self.weight = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+        self.weight.weight_loader = self.load_weight
+        self.shape = (num_experts, hidden_size)
+
+    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if tuple(loaded.shape) != self.shape:
+            raise ValueError(f"router weight shape={tuple(loaded.shape)}: expected {self.shape} (experts, hidden)")
+        param.data.copy_(split_bf16(loaded.to(param.device)) if self.split else loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` -> fp32 logits ``[T, E]``."""
+        if self.split:
+            parts = torch.mm(x, self.weight.t(), out_dtype=torch.float32)  # [T, 3E]
+            return parts.view(x.shape[0], SPLIT_PARTS, self.num_experts).sum(1)
+        return F.linear(x.float(), self.weight)
+
+
+def split_router(dtype: torch.dtype) -> bool:
+    """Whether ``Router`` holds the split weight: CUDA models in bf16 (decided at start-up, under the
+    model's default device; ``torch.mm``'s ``out_dtype`` is CUDA-only)."""
+    return torch.get_default_device().type == "cuda" and dtype == torch.bfloat16
 
 
 class PartialNeoxRope(nn.Module):

@@ -28,7 +28,7 @@ import os
 import torch
 import torch.nn.functional as F
 from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
-from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopK
 from sglang.srt.model_executor.runner import get_is_capture_mode
@@ -36,7 +36,7 @@ from sglang.srt.runtime_context import get_exec, get_parallel, get_stream
 from torch import nn
 
 from ..config import M3Config
-from .layers import swiglu, swiglu_oai
+from .layers import Router, split_router, swiglu, swiglu_oai
 
 SIDE_STREAM_MAX_TOKENS = 1024  # SGLang's DUAL_STREAM_TOKEN_THRESHOLD for its MoE models' shared experts
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"
@@ -99,9 +99,7 @@ class MoE(nn.Module):
         self.num_experts = cfg.num_experts
         fused = int(fuse_shared_expert(cfg))  # the shared expert's slot in FusedMoE: expert E
         # The released router weight and bias are fp32; routing runs in fp32 (never quantised).
-        self.gate = ReplicatedLinear(
-            cfg.hidden_size, cfg.num_experts, bias=False, params_dtype=torch.float32, prefix=f"{prefix}.gate"
-        )
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, split_router(torch.get_default_dtype()))
         self.e_score_correction_bias = nn.Parameter(
             torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False
         )
@@ -155,7 +153,7 @@ class MoE(nn.Module):
                 shared = self.shared_experts(x)  # [T, H]: this rank's part
         else:
             shared = None if self.shared_experts is None else self.shared_experts(x)
-        logits = self.gate(x.float())[0]  # [T, E] fp32
+        logits = self.gate(x)  # [T, E] fp32
         if x.is_cuda and x.dtype != torch.float32:
             out = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
         else:
