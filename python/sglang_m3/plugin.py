@@ -51,10 +51,12 @@ architecture name inside these functions):
   (its MSA plans are data-dependent); SGLang's default breakable prefill graphs
   are switched off for it, and an explicit request for them is refused. Model
   overrides cannot declare graph settings in 0.5.17.
-* ``TokenizerManager._validate_one_request`` (BEFORE): under EAGLE3, requests
-  with a custom logit processor (which the chain verify does not apply) or a
-  ``sampling_seed`` SGLang would ignore are refused at admission
-  (``spec/admission.py``); SGLang has no per-worker admission hook.
+* ``TokenizerManager._validate_one_request`` (BEFORE): for M3, token ids outside the
+  vocabulary are refused at admission (``admission.py``: SGLang's own check is never
+  called, and such an id takes a CUDA server down); under EAGLE3, requests with a
+  custom logit processor (which the chain verify does not apply) or a
+  ``sampling_seed`` SGLang would ignore are refused too (``spec/admission.py``);
+  SGLang has no per-model or per-worker admission hook.
 * ``Scheduler.get_internal_state`` (AFTER): under our EAGLE3 worker, adds
   ``"sglang_m3_eagle3"``: which path the draft's passes took (CUDA graphs, static
   buffers, eager), counted per pass (``M3Eagle3Worker.sglang_m3_stats``), so
@@ -156,7 +158,7 @@ def _hooks() -> list:
         (compat.CREATE_SPEC_WORKER, _spec_worker, HookType.AROUND),
         (compat.HANDLE_KV4_COMPATIBILITY, _kv4_check, HookType.AROUND),
         (compat.APPLY_CUDA_GRAPH_COMPATIBILITY, _decode_graphs_only, HookType.AROUND),
-        (compat.VALIDATE_ONE_REQUEST, _admit_speculative, HookType.BEFORE),
+        (compat.VALIDATE_ONE_REQUEST, _admit, HookType.BEFORE),
         (compat.SCHEDULER_GET_INTERNAL_STATE, _eagle3_state, HookType.AFTER),
         (compat.SCHEDULER_DISABLE_OVERLAP_FOR_BATCH, _sync_step_if_needed, HookType.AROUND),
         (compat.GET_MOE_CONFIGS, _tuned_moe_configs, HookType.AROUND),
@@ -260,8 +262,13 @@ def _decode_graphs_only(original, self):
     self.cuda_graph_config.prefill.backend = Backend.DISABLED
 
 
-def _admit_speculative(self, obj, input_ids):
-    if getattr(self.server_args, "speculative_algorithm", None) and is_m3_config(self.model_config.hf_config):
+def _admit(self, obj, input_ids):
+    if not is_m3_config(self.model_config.hf_config):
+        return
+    from .admission import check_input_ids
+
+    check_input_ids(input_ids, self.model_config.vocab_size)
+    if getattr(self.server_args, "speculative_algorithm", None):
         from .spec.admission import check_sampling_params
 
         params = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else None

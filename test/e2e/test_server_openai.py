@@ -1,9 +1,14 @@
-"""``python -m sglang.launch_server`` with the plugin installed answers the OpenAI API."""
+"""``python -m sglang.launch_server`` with the plugin installed answers the OpenAI API, and refuses what
+it cannot serve at admission while it keeps serving."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+import requests
+from sglang_m3.config import M3Config
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "Weng earns $12 an hour for babysitting. How much did she earn in 50 minutes?"}]
@@ -42,3 +47,13 @@ def test_repeated_prompt_hits_radix_cache(client):
     assert first.usage.prompt_tokens > 64  # past the sparse threshold of the tiny model
     assert second.usage.prompt_tokens_details.cached_tokens >= 64
     assert second.choices[0].message.content == first.choices[0].message.content
+
+
+def test_out_of_vocabulary_ids_are_refused_and_the_server_keeps_serving(server_url, tiny_vl):
+    root = server_url.removesuffix("/v1")
+    vocab = M3Config.from_hf(json.loads((tiny_vl / "config.json").read_text())).vocab_size
+    body = {"input_ids": [1, 2, vocab], "sampling_params": {"max_new_tokens": 2}}
+    r = requests.post(f"{root}/generate", json=body, timeout=60)
+    assert r.status_code == 400 and f"input_ids[2]={vocab}: outside the model's vocabulary [0, {vocab})" in r.text
+    r = requests.post(f"{root}/generate", json=dict(body, input_ids=[1, 2, 3]), timeout=60)
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 2

@@ -135,3 +135,14 @@ def test_sglang_loader_does_not_swallow_the_stop(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "sglang-m3: installed SGLang 0.4.0 != 0.5.17" in out.stderr
+
+
+def test_out_of_vocabulary_ids_are_refused_naming_the_first():
+    from sglang_m3.admission import check_input_ids
+
+    check_input_ids([0, 5, 511], 512)
+    check_input_ids(None, 512)  # input_embeds requests carry no ids
+    with pytest.raises(ValueError, match=r"input_ids\[2\]=512: outside the model's vocabulary \[0, 512\)"):
+        check_input_ids([3, 4, 512, 9000], 512)
+    with pytest.raises(ValueError, match=r"input_ids\[1\]=-1: outside"):
+        check_input_ids([3, -1], 512)
