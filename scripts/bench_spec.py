@@ -47,6 +47,12 @@ prompts):
   rows, plus ``draft_step_bytes``). A graph's shape does not depend on acceptance, so ``t_step`` measured at
   AL ~1 holds at any AL (the context grows faster: negligible over a step).
 
+Routing: with dummy weights greedy decoding repeats one token per request (checked on CPU with the tiny
+M3 and ``--load-format dummy``), so each row routes to the same experts at every step and the experts a
+batch touches depend on its prompts and the cut, not on chance. ``--temperature 1`` samples near-uniform
+tokens from the dummy head's near-flat logits, so rows route close to random routing, as real text does
+more nearly; it adds the sampler's cost to every step, verify rows included.
+
 Memory: the 1+7 cut is ~102 GiB of weights + 5.5 GiB of draft; 64 x 8K prompts fit at bf16 KV with the GQA
 draft; the 64-KV-head draft adds 32 KiB / token of draft KV (use it with 1+3 or smaller batches).
 
@@ -91,6 +97,12 @@ def parse_args(argv=None):
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per time row (median_low kept)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="every request's sampling temperature (0: greedy; see the docstring on routing)",
+    )
     p.add_argument("--modes", default="decode,spec", help="engines per cut: decode (plain), spec (EAGLE3)")
     p.add_argument("--num-steps", type=int, default=3, help="K: draft tokens per step (topk 1, K + 1 verify rows)")
     p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
@@ -120,6 +132,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats={args.repeats}: at least one timed round")
+    if args.temperature < 0:
+        p.error(f"--temperature={args.temperature}: a sampling temperature is at least 0")
     return args
 
 
@@ -176,8 +190,8 @@ def make_draft_dir(target_dir: pathlib.Path, args) -> pathlib.Path:
 # -- streamed timings ------------------------------------------------------------------------
 
 
-async def _stream_spec(engine, ids, new, marks):
-    sampling = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+async def _stream_spec(engine, ids, new, marks, temperature: float = 0.0):
+    sampling = scaled.stream_sampling(new, temperature)
     async for chunk in await engine.async_generate(input_ids=ids, sampling_params=sampling, stream=True):
         meta = chunk["meta_info"]
         marks.append((time.perf_counter(), meta["completion_tokens"], meta.get("spec_verify_ct")))
@@ -216,18 +230,19 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
     )
 
 
-def spec_step(engine, prompts, new) -> dict:
+def spec_step(engine, prompts, new, temperature: float = 0.0) -> dict:
     scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
-    engine.loop.run_until_complete(asyncio.gather(*(_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks))))
+    streams = (_stream_spec(engine, p, new, m, temperature) for p, m in zip(prompts, marks))
+    engine.loop.run_until_complete(asyncio.gather(*streams))
     return full_batch_steps(marks)
 
 
-def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int) -> pathlib.Path:
+def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int, temperature: float = 0.0) -> pathlib.Path:
     """A GPU torch-profiler trace of ``steps`` decode-stage batches (``bench_scaled.trace_streams``)."""
     scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
-    streams = [_stream_spec(engine, p, new, m) for p, m in zip(prompts, marks)]
+    streams = [_stream_spec(engine, p, new, m, temperature) for p, m in zip(prompts, marks)]
     return scaled.trace_streams(engine, streams, marks, trace_dir, "GPU", steps, ready=2)
 
 
@@ -376,10 +391,11 @@ def run_one(args) -> None:
             try:
                 new = args.output_len  # the batch is admitted together (bench_scaled.admit_together)
                 prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
+                t = args.temperature
                 rounds = [
-                    spec_step(engine, prompts, new)
+                    spec_step(engine, prompts, new, t)
                     if mode == "spec"
-                    else {"seconds_per_step": scaled.decode_tpot(engine, prompts, new)}
+                    else {"seconds_per_step": scaled.decode_tpot(engine, prompts, new, t)}
                     for _ in range(args.repeats)
                 ]
                 ms = [1e3 * r["seconds_per_step"] for r in rounds]
@@ -390,7 +406,7 @@ def run_one(args) -> None:
                     trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-spec-traces" / f"{label}-{mode}-b{b}"
                     shutil.rmtree(trace_dir, ignore_errors=True)
                     prompts = scaled._prompts(b, args.input_len, 7 * args.input_len + b, vocab)
-                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps)
+                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps, args.temperature)
                     names = SPEC_PHASES if mode == "spec" and args.num_steps > 1 else SPEC_PHASES[1:]
                     names = ("decode",) if mode == "decode" else names
                     emit(kind="phases", batch=b, trace=str(path), **trace_phases(path, names))
@@ -619,8 +635,14 @@ def main(argv=None) -> dict:
     from sglang_m3.sizing import draft_weight_bytes
 
     argv = sys.argv[1:] if argv is None else argv
-    if args.resume and not args.hbm_tbps:  # the floors of the run being continued
-        args.hbm_tbps = json.loads(pathlib.Path(args.resume).read_text())["hbm_tbps"]
+    if args.resume:
+        resumed = json.loads(pathlib.Path(args.resume).read_text())
+        if resumed.get("temperature", 0.0) != args.temperature:
+            raise SystemExit(
+                f"--temperature={args.temperature}: {args.resume} was measured at temperature "
+                f"{resumed.get('temperature', 0.0)}; its rows and these would not compare"
+            )
+        args.hbm_tbps = args.hbm_tbps or resumed["hbm_tbps"]  # the floors of the run being continued
     scaled.resolve_hbm_tbps(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -701,6 +723,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
         input_len=args.input_len,
         repeats=args.repeats,
+        temperature=args.temperature,
         tp_size=args.tp_size,
         ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -136,3 +136,13 @@ def test_full_batch_steps_from_final_verify_count(bench):
     late = [(1.2 + 0.1 * k, 1 + k, None) for k in range(6)]  # admitted after request 0 had finished
     with pytest.raises(RuntimeError, match="no full-batch window: a request's first chunk came after"):
         bench["full_batch_steps"]([r0, late])
+
+
+def test_temperature_reaches_every_measured_request_and_below_zero_is_refused(bench, capsys):
+    args = bench["parse_args"](["--temperature", "1"])
+    assert args.temperature == 1.0 and bench["parse_args"]([]).temperature == 0.0
+    sampling = bench["scaled"].stream_sampling(7, args.temperature)
+    assert sampling == {"max_new_tokens": 7, "temperature": 1.0, "ignore_eos": True}
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--temperature", "-0.5"])
+    assert "--temperature=-0.5: a sampling temperature is at least 0" in capsys.readouterr().err
