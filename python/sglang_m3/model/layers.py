@@ -58,24 +58,22 @@ class Router(nn.Module):
 
     fp32 and CPU models hold ``W`` and multiply in fp32. CUDA bf16 models hold it as ``split_bf16``'s
     three parts (the checkpoint's tensor is split as it loads) and take the logits from one bf16 GEMM
-    with fp32 output over them plus a sum of the three: bf16 x bf16 products are exact in fp32 and cuBLAS
-    accumulates in fp32, so this is the fp32 product up to summation order, with no conversion of ``x``
-    and no fp32 GEMV (cuBLAS's took ~16 us a layer at batch 1 on an H100, for a 3 MB weight)."""
+    with fp32 output over them plus a sum of the three: no conversion of ``x``, no fp32 GEMV, and
+    prefill's router on tensor cores. bf16 x bf16 products are exact in fp32, but Hopper's tensor cores
+    add them with truncated alignment: the logits are within ~2^-17 of the largest (measured; an fp32
+    GEMV ~2^-21, a bf16 cast of the weight, as SGLang's M3 runs, ~2^-8). At batch 1 its kernels take
+    about what the conversion and the fp32 GEMV took (benchmarks/e2e.md, call U)."""
 
     def __init__(self, hidden_size: int, num_experts: int, split: bool):
         super().__init__()
         self.split, self.num_experts = split, num_experts
-        shape, dtype = (
-            ((SPLIT_PARTS * num_experts, hidden_size), torch.bfloat16)
-            if split
-            else (
-                (num_experts, hidden_size),
-                torch.float32,
-            )
-        )
+        self.shape = (num_experts, hidden_size)
+        if split:
+            shape, dtype = (SPLIT_PARTS * num_experts, hidden_size), torch.bfloat16
+        else:
+            shape, dtype = self.shape, torch.float32
         self.weight = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
         self.weight.weight_loader = self.load_weight
-        self.shape = (num_experts, hidden_size)
 
     def load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         if tuple(loaded.shape) != self.shape:
