@@ -30,6 +30,8 @@ import pathlib
 import statistics
 import time
 
+from sglang_m3.bench.stats import timed_rounds
+
 MODES = ("eager", "graphs", "eagle3_eager", "eagle3_graphs", "eagle3_graphs_sync")
 SPEC = dict(speculative_algorithm="EAGLE3", speculative_eagle_topk=1)  # a chain: one draft per step
 
@@ -52,12 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per measurement (their median is kept)")
+    p.add_argument("--repeats", type=timed_rounds, default=3, help="timed rounds per measurement (median kept)")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool size (small pools start fast)")
     p.add_argument("--out", default="bench_results/e2e.json", help="JSON output path")
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats={args.repeats}: at least one timed round")
     return args
 
 

@@ -51,6 +51,8 @@ import sys
 import tempfile
 import time
 
+from sglang_m3.bench.stats import timed_rounds
+
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
 PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
@@ -83,7 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--long-len", type=int, default=65536)
     p.add_argument("--prefill-lens", default="8192,32768")
     p.add_argument("--output-len", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per TPOT / prefill row (median_low kept)")
+    p.add_argument("--repeats", type=timed_rounds, default=3, help="timed rounds per TPOT / prefill row (median_low)")
     p.add_argument("--profile-batches", default="1,32", help="decode steps traced at these batches ('' = none)")
     p.add_argument("--keep-traces", action="store_true", help="each profile's raw trace beside --out, too")
     p.add_argument("--kv-cache-dtype", default="auto")
@@ -96,8 +98,6 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats={args.repeats}: at least one timed round")
     return args
 
 

@@ -76,6 +76,8 @@ import tempfile
 import time
 import traceback
 
+from sglang_m3.bench.stats import timed_rounds
+
 HERE = pathlib.Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("bench_scaled", HERE / "bench_scaled.py")
 scaled = importlib.util.module_from_spec(_spec)
@@ -96,7 +98,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per time row (median_low kept)")
+    p.add_argument("--repeats", type=timed_rounds, default=3, help="timed rounds per time row (median_low kept)")
     p.add_argument(
         "--temperature",
         type=float,
@@ -130,8 +132,6 @@ def parse_args(argv=None):
     p.add_argument("--draft-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats={args.repeats}: at least one timed round")
     if args.temperature < 0:
         p.error(f"--temperature={args.temperature}: a sampling temperature is at least 0")
     return args

@@ -138,7 +138,7 @@ def test_full_batch_steps_from_final_verify_count(bench):
         bench["full_batch_steps"]([r0, late])
 
 
-def test_temperature_reaches_every_measured_request_and_below_zero_is_refused(bench, capsys):
+def test_temperature_reaches_every_measured_request_and_bad_values_are_refused(bench, capsys):
     args = bench["parse_args"](["--temperature", "1"])
     assert args.temperature == 1.0 and bench["parse_args"]([]).temperature == 0.0
     sampling = bench["scaled"].stream_sampling(7, args.temperature)
@@ -146,3 +146,6 @@ def test_temperature_reaches_every_measured_request_and_below_zero_is_refused(be
     with pytest.raises(SystemExit):
         bench["parse_args"](["--temperature", "-0.5"])
     assert "--temperature=-0.5: a sampling temperature is at least 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--repeats", "0"])
+    assert "--repeats=0: at least one timed round" in capsys.readouterr().err

@@ -8,6 +8,7 @@ leave [0, 1].
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Sequence
 
@@ -51,3 +52,11 @@ def describe(values: Sequence[float], percentiles: Sequence[int] = (50, 90, 99))
     for q in percentiles:
         out[f"p{q}"] = percentile(values, q)
     return out
+
+
+def timed_rounds(text: str) -> int:
+    """``argparse`` type of the GPU scripts' ``--repeats``: at least one timed round."""
+    rounds = int(text)
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"--repeats={rounds}: at least one timed round")
+    return rounds
