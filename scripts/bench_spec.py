@@ -99,12 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--repeats", type=timed_rounds, default=3, help="timed rounds per time row (median_low kept)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="every request's sampling temperature (0: greedy; see the docstring on routing)",
-    )
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; see Routing above)")
     p.add_argument("--modes", default="decode,spec", help="engines per cut: decode (plain), spec (EAGLE3)")
     p.add_argument("--num-steps", type=int, default=3, help="K: draft tokens per step (topk 1, K + 1 verify rows)")
     p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
