@@ -97,8 +97,7 @@ def parse_args(argv=None):
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
-    args = p.parse_args(argv)
-    return args
+    return p.parse_args(argv)
 
 
 def _ints(text: str) -> list[int]:

@@ -401,7 +401,7 @@ def run_one(args) -> None:
                     trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-spec-traces" / f"{label}-{mode}-b{b}"
                     shutil.rmtree(trace_dir, ignore_errors=True)
                     prompts = scaled._prompts(b, args.input_len, 7 * args.input_len + b, vocab)
-                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps, args.temperature)
+                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps, t)
                     names = SPEC_PHASES if mode == "spec" and args.num_steps > 1 else SPEC_PHASES[1:]
                     names = ("decode",) if mode == "decode" else names
                     emit(kind="phases", batch=b, trace=str(path), **trace_phases(path, names))
@@ -632,10 +632,11 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if args.resume:
         resumed = json.loads(pathlib.Path(args.resume).read_text())
-        if resumed.get("temperature", 0.0) != args.temperature:
+        measured_at = resumed.get("temperature", 0.0)  # files from before --temperature were greedy
+        if measured_at != args.temperature:
             raise SystemExit(
-                f"--temperature={args.temperature}: {args.resume} was measured at temperature "
-                f"{resumed.get('temperature', 0.0)}; its rows and these would not compare"
+                f"--temperature={args.temperature}: {args.resume} was measured at temperature {measured_at}; "
+                "its rows and these would not compare"
             )
         args.hbm_tbps = args.hbm_tbps or resumed["hbm_tbps"]  # the floors of the run being continued
     scaled.resolve_hbm_tbps(args)

@@ -1,13 +1,13 @@
 """The CUDA fast paths of the model's small layers against the torch path (their reference).
 
 On CUDA in bf16 the MoE router multiplies the fp32 weight's three bf16 parts in one bf16 GEMM into
-fp32 (``Router``), checked against an fp64 product: it must stay within fp32 rounding, far inside
-what casting the weight to bf16 (SGLang's M3) costs. The attention layer norms and rotates q / k
-with SGLang's fused kernel over our cos/sin table, and the MLPs take SGLang's compiled SwiGLU-OAI;
-fp32 and CPU take the torch path (``GemmaNorm`` + ``PartialNeoxRope``, ``swiglu_oai``), which the
-token-exact tests pin to transformers. Fresh random inputs; bf16 tolerance: the reference computes
-in fp32 from the same bf16 inputs, so the fast path may differ by its bf16 roundings (atol 3e-2,
-rtol 1e-2).
+fp32 (``Router``), checked against an fp64 product: within 2^-15 of the largest logit (tensor cores
+accumulate fp32 with truncated alignment) and far inside what casting the weight to bf16 (SGLang's
+M3) costs. The attention layer norms and rotates q / k with SGLang's fused kernel over our cos/sin
+table, and the MLPs take SGLang's compiled SwiGLU-OAI; fp32 and CPU take the torch path
+(``GemmaNorm`` + ``PartialNeoxRope``, ``swiglu_oai``), which the token-exact tests pin to
+transformers. Fresh random inputs; bf16 tolerance: the reference computes in fp32 from the same bf16
+inputs, so the fast path may differ by its bf16 roundings (atol 3e-2, rtol 1e-2).
 """
 
 from __future__ import annotations
