@@ -75,6 +75,20 @@ def test_target_probs_masks(top_k, top_p, min_p, kept):
     assert p[0, 0] == p.max()  # the best token always survives, order is kept
 
 
+def test_target_probs_unfiltered_is_the_tempered_softmax():
+    """With top-k, top-p and min-p off, the unsorted path gives the filtered path's distribution."""
+    torch.manual_seed(5)
+    logits = torch.randn(6, 1000) * 4
+    temperature = torch.tensor([0.3, 0.7, 1.0, 1.0, 1.5, 2.0])
+    off = dict(top_k=torch.full((6,), -1), top_p=torch.ones(6), min_p=torch.zeros(6))
+    fast = target_probs(logits, temperature, **off, filtered=False)
+    torch.testing.assert_close(fast, target_probs(logits, temperature, **off), atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(fast, torch.softmax(logits / temperature[:, None], dim=-1))
+    # a filter that is on changes the distribution: the flag matters
+    on = dict(off, top_p=torch.full((6,), 0.5))
+    assert (target_probs(logits, temperature, **on) == 0).any()
+
+
 def test_admission_refuses_only_custom_logit_processors():
     from sglang_m3.spec.admission import check_sampling_params
 

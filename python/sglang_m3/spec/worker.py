@@ -312,6 +312,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             per_row(info.top_ks),
             per_row(info.top_ps),
             per_row(info.min_ps),
+            filtered=info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling,
         ).view(bs, R, V)
         if info.sampling_seed is not None:  # SGLang sets it for every request once one has a seed
             u = seeded_coins(info.sampling_seed.reshape(bs), batch.seq_lens, R)
