@@ -139,16 +139,17 @@ def _prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(vocab // 100, vocab - 1) for _ in range(length)] for _ in range(n)]
 
 
-def stream_sampling(new: int, temperature: float = 0.0) -> dict:
-    """The measured requests' sampling: ``new`` tokens each, no early stop; greedy unless ``temperature``."""
-    return {"max_new_tokens": new, "temperature": temperature, "ignore_eos": True}
+def stream_sampling(new: int, shape: dict | None = None) -> dict:
+    """The measured requests' sampling: ``new`` tokens each, no early stop; greedy unless ``shape`` (sampling
+    fields such as ``temperature`` / ``top_p``) says otherwise."""
+    return {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True, **(shape or {})}
 
 
 async def _stream(
-    engine, ids: list[int], new: int, marks: list | None = None, temperature: float = 0.0
+    engine, ids: list[int], new: int, marks: list | None = None, shape: dict | None = None
 ) -> list[tuple[float, int]]:
     """``(arrival time, completion tokens so far)`` per streamed chunk of one request."""
-    sampling = stream_sampling(new, temperature)
+    sampling = stream_sampling(new, shape)
     marks = [] if marks is None else marks
     async for chunk in await engine.async_generate(input_ids=ids, sampling_params=sampling, stream=True):
         marks.append((time.perf_counter(), chunk["meta_info"]["completion_tokens"]))
@@ -180,12 +181,12 @@ def full_batch_window(marks: list[list[tuple]]) -> tuple[float, float]:
     return start, end
 
 
-def decode_tpot(engine, prompts: list[list[int]], new: int, temperature: float = 0.0) -> float:
+def decode_tpot(engine, prompts: list[list[int]], new: int, shape: dict | None = None) -> float:
     """Seconds per decode step while every request of the batch decodes (admitted together): from the last
     request's first token to the first request's last token, over the mean number of tokens a request got
     in that window."""
     admit_together(engine, prompts)
-    streams = (_stream(engine, p, new, temperature=temperature) for p in prompts)
+    streams = (_stream(engine, p, new, shape=shape) for p in prompts)
     marks = engine.loop.run_until_complete(asyncio.gather(*streams))
     start, end = full_batch_window(marks)
     steps = [sum(1 for t, _ in m if start < t <= end) for m in marks]

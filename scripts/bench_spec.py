@@ -51,7 +51,8 @@ Routing: with dummy weights greedy decoding repeats one token per request (check
 M3 and ``--load-format dummy``), so each row routes to the same experts at every step and the experts a
 batch touches depend on its prompts and the cut, not on chance. ``--temperature 1`` samples near-uniform
 tokens from the dummy head's near-flat logits, so rows route close to random routing, as real text does
-more nearly; it adds the sampler's cost to every step, verify rows included.
+more nearly; it adds the sampler's cost to every step, verify rows included. ``--top-p`` below 1 makes the
+sampled requests filter their distribution too (what the EAGLE3 worker's acceptance then shapes per verify row).
 
 Memory: the 1+7 cut is ~102 GiB of weights + 5.5 GiB of draft; 64 x 8K prompts fit at bf16 KV with the GQA
 draft; the 64-KV-head draft adds 32 KiB / token of draft KV (use it with 1+3 or smaller batches).
@@ -100,6 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--repeats", type=timed_rounds, default=3, help="timed rounds per time row (median_low kept)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; see Routing above)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p of the sampled requests (1: off)")
     p.add_argument("--modes", default="decode,spec", help="engines per cut: decode (plain), spec (EAGLE3)")
     p.add_argument("--num-steps", type=int, default=3, help="K: draft tokens per step (topk 1, K + 1 verify rows)")
     p.add_argument("--draft-kv-heads", type=int, default=4, help="4: the GQA draft; 64: the MHA draft")
@@ -129,7 +131,14 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.temperature < 0:
         p.error(f"--temperature={args.temperature}: a sampling temperature is at least 0")
+    if not 0 < args.top_p <= 1:
+        p.error(f"--top-p={args.top_p}: top-p lies in (0, 1]")
     return args
+
+
+def sampling_shape(args) -> dict:
+    """The measured requests' sampling fields (``bench_scaled.stream_sampling``)."""
+    return {"temperature": args.temperature, "top_p": args.top_p}
 
 
 def parse_cuts(text: str) -> list[tuple[int, int]]:
@@ -185,8 +194,8 @@ def make_draft_dir(target_dir: pathlib.Path, args) -> pathlib.Path:
 # -- streamed timings ------------------------------------------------------------------------
 
 
-async def _stream_spec(engine, ids, new, marks, temperature: float = 0.0):
-    sampling = scaled.stream_sampling(new, temperature)
+async def _stream_spec(engine, ids, new, marks, shape: dict | None = None):
+    sampling = scaled.stream_sampling(new, shape)
     async for chunk in await engine.async_generate(input_ids=ids, sampling_params=sampling, stream=True):
         meta = chunk["meta_info"]
         marks.append((time.perf_counter(), meta["completion_tokens"], meta.get("spec_verify_ct")))
@@ -225,19 +234,19 @@ def full_batch_steps(marks: list[list[tuple]]) -> dict:
     )
 
 
-def spec_step(engine, prompts, new, temperature: float = 0.0) -> dict:
+def spec_step(engine, prompts, new, shape: dict | None = None) -> dict:
     scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
-    streams = (_stream_spec(engine, p, new, m, temperature) for p, m in zip(prompts, marks))
+    streams = (_stream_spec(engine, p, new, m, shape) for p, m in zip(prompts, marks))
     engine.loop.run_until_complete(asyncio.gather(*streams))
     return full_batch_steps(marks)
 
 
-def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int, temperature: float = 0.0) -> pathlib.Path:
+def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int, shape: dict | None = None) -> pathlib.Path:
     """A GPU torch-profiler trace of ``steps`` decode-stage batches (``bench_scaled.trace_streams``)."""
     scaled.admit_together(engine, prompts)
     marks = [[] for _ in prompts]
-    streams = [_stream_spec(engine, p, new, m, temperature) for p, m in zip(prompts, marks)]
+    streams = [_stream_spec(engine, p, new, m, shape) for p, m in zip(prompts, marks)]
     return scaled.trace_streams(engine, streams, marks, trace_dir, "GPU", steps, ready=2)
 
 
@@ -386,7 +395,7 @@ def run_one(args) -> None:
             try:
                 new = args.output_len  # the batch is admitted together (bench_scaled.admit_together)
                 prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
-                t = args.temperature
+                t = sampling_shape(args)
                 rounds = [
                     spec_step(engine, prompts, new, t)
                     if mode == "spec"
@@ -632,11 +641,12 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if args.resume:
         resumed = json.loads(pathlib.Path(args.resume).read_text())
-        measured_at = resumed.get("temperature", 0.0)  # files from before --temperature were greedy
-        if measured_at != args.temperature:
+        # files from before --temperature were greedy, from before --top-p unfiltered
+        measured_at = {"temperature": resumed.get("temperature", 0.0), "top_p": resumed.get("top_p", 1.0)}
+        if measured_at != sampling_shape(args):
             raise SystemExit(
-                f"--temperature={args.temperature}: {args.resume} was measured at temperature {measured_at}; "
-                "its rows and these would not compare"
+                f"--temperature={args.temperature} --top-p={args.top_p}: {args.resume} was measured with "
+                f"{measured_at}; its rows and these would not compare"
             )
         args.hbm_tbps = args.hbm_tbps or resumed["hbm_tbps"]  # the floors of the run being continued
     scaled.resolve_hbm_tbps(args)
@@ -719,7 +729,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
         input_len=args.input_len,
         repeats=args.repeats,
-        temperature=args.temperature,
+        **sampling_shape(args),
         tp_size=args.tp_size,
         ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -138,14 +138,19 @@ def test_full_batch_steps_from_final_verify_count(bench):
         bench["full_batch_steps"]([r0, late])
 
 
-def test_temperature_reaches_every_measured_request_and_bad_values_are_refused(bench, capsys):
-    args = bench["parse_args"](["--temperature", "1"])
-    assert args.temperature == 1.0 and bench["parse_args"]([]).temperature == 0.0
-    sampling = bench["scaled"].stream_sampling(7, args.temperature)
-    assert sampling == {"max_new_tokens": 7, "temperature": 1.0, "ignore_eos": True}
+def test_sampling_reaches_every_measured_request_and_bad_values_are_refused(bench, capsys):
+    args = bench["parse_args"](["--temperature", "1", "--top-p", "0.9"])
+    default = bench["parse_args"]([])
+    assert (default.temperature, default.top_p) == (0.0, 1.0)
+    sampling = bench["scaled"].stream_sampling(7, bench["sampling_shape"](args))
+    assert sampling == {"max_new_tokens": 7, "temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
+    assert bench["scaled"].stream_sampling(7) == {"max_new_tokens": 7, "temperature": 0.0, "ignore_eos": True}
     with pytest.raises(SystemExit):
         bench["parse_args"](["--temperature", "-0.5"])
     assert "--temperature=-0.5: a sampling temperature is at least 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--top-p", "0"])
+    assert "--top-p=0.0: top-p lies in (0, 1]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench["parse_args"](["--repeats", "0"])
     assert "--repeats=0: at least one timed round" in capsys.readouterr().err
