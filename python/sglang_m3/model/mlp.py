@@ -76,7 +76,7 @@ class DenseMLP(nn.Module):
 def fuse_shared_expert(cfg: M3Config) -> bool:
     """Whether the shared expert runs inside FusedMoE as expert ``E`` (decided at start-up, under the
     model's default device and dtype). Only with ``--enforce-shared-experts-fusion``: on the H200 at
-    real width the separate MLP measured faster at batch 1 and 32 (benchmarks/e2e.md). It needs CUDA
+    real width the separate MLP measured faster at batch 1 and 32 (docs/perf-notes.md). It needs CUDA
     in half precision (fp32 and CPU models run the torch path, which has no slot), a shared expert as
     wide as a routed one, and no expert parallelism (FusedMoE keeps one fused slot, not one per rank)."""
     return (
