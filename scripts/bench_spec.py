@@ -395,11 +395,11 @@ def run_one(args) -> None:
             try:
                 new = args.output_len  # the batch is admitted together (bench_scaled.admit_together)
                 prompts = scaled._prompts(b, args.input_len, args.input_len + b, vocab)
-                t = sampling_shape(args)
+                shape = sampling_shape(args)
                 rounds = [
-                    spec_step(engine, prompts, new, t)
+                    spec_step(engine, prompts, new, shape)
                     if mode == "spec"
-                    else {"seconds_per_step": scaled.decode_tpot(engine, prompts, new, t)}
+                    else {"seconds_per_step": scaled.decode_tpot(engine, prompts, new, shape)}
                     for _ in range(args.repeats)
                 ]
                 ms = [1e3 * r["seconds_per_step"] for r in rounds]
@@ -410,7 +410,7 @@ def run_one(args) -> None:
                     trace_dir = pathlib.Path(tempfile.gettempdir()) / "m3-spec-traces" / f"{label}-{mode}-b{b}"
                     shutil.rmtree(trace_dir, ignore_errors=True)
                     prompts = scaled._prompts(b, args.input_len, 7 * args.input_len + b, vocab)
-                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps, t)
+                    path = trace_steps(engine, prompts, new, trace_dir, args.profile_steps, shape)
                     names = SPEC_PHASES if mode == "spec" and args.num_steps > 1 else SPEC_PHASES[1:]
                     names = ("decode",) if mode == "decode" else names
                     emit(kind="phases", batch=b, trace=str(path), **trace_phases(path, names))
