@@ -30,6 +30,14 @@ at ``--profile-batches``, a torch-profiler trace of decode steps reduced to time
 Beside every TPOT: its HBM floor (``sglang_m3.sizing.decode_step_bytes`` over ``--hbm-tbps``, by default
 this GPU's device-to-device copy bandwidth measured in the same run: ~4.3 TB/s on an H200, ~3.0 on an H100).
 
+Routing (``--routing``): ``model`` keeps what the dummy weights' router picks, which is not random (the
+rows of a batch share experts: at batch 32 and 64 both implementations ran under the floor, which counts
+random routing's experts); ``uniform`` sets SGLang's benchmark switch ``SGLANG_SIMULATE_UNIFORM_EXPERTS``
+in every engine, so that SGLang's ``TopK`` (which ours and stock's CUDA MoE both run) gives each token 4
+experts at a random offset, 32 apart: each expert is missed by a token with probability 31/32, as under
+random top-4 routing, so a batch touches the floor's expected expert count. CUDA half-precision models
+only (fp32 and CPU models route in torch).
+
     python3 scripts/bench_scaled.py --out benchmarks/e2e_scaled.json
 """
 
@@ -56,6 +64,7 @@ from sglang_m3.bench.stats import timed_rounds
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "python/sglang_m3/assets/minimax-m3-config.json"
 PREFILL_CHUNK = 8192  # SGLang's chunked_prefill_size on an H200, set explicitly for both implementations
 NO_PLUGIN = "sglang-m3-kept-out"  # SGLANG_PLUGINS value that matches no installed plugin
+UNIFORM_ROUTING_ENV = "SGLANG_SIMULATE_UNIFORM_EXPERTS"  # SGLang 0.5.17's benchmark-only TopK override
 SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (importing it would load SGLang)
 # Start-up lines kept per impl: weights and KV per rank, token capacity, which fused-MoE configs ran
 STARTUP_MARKS = ("sglang-m3 per rank", "Load weight end", "max_total_num_tokens", "MoE kernel config", "tuned for M3")
@@ -93,11 +102,36 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--hbm-tbps", type=float, default=0.0, help="HBM bandwidth of the floor (0: measure this GPU's)")
+    add_routing_arg(p)
     p.add_argument("--out", default="bench_results/e2e_scaled.json")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one impl in this process
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_routing(p, args)
+    return args
+
+
+def add_routing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--routing", choices=("model", "uniform"), default="model", help="experts as the router picks, or uniform"
+    )
+
+
+def check_routing(p: argparse.ArgumentParser, args) -> None:
+    if args.routing == "uniform" and (args.device != "cuda" or args.dtype == "float32"):
+        p.error(
+            f"--routing=uniform: SGLang simulates it in TopK, which runs for CUDA half-precision models only "
+            f"(--device={args.device}, --dtype={args.dtype})"
+        )
+
+
+def engine_env(args, **extra: str) -> dict:
+    """The environment of one engine process: this one's, ``extra``, and uniform routing if asked."""
+    env = {**os.environ, **extra}
+    if args.routing == "uniform":
+        env[UNIFORM_ROUTING_ENV] = "1"
+    return env
 
 
 def _ints(text: str) -> list[int]:
@@ -469,7 +503,7 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     records, startup_lines = [], {}
     for impl in impls:
-        env = dict(os.environ)
+        env = engine_env(args)
         if impl.startswith("stock"):
             env["SGLANG_PLUGINS"] = NO_PLUGIN
         if impl.endswith("+one-stream"):
@@ -518,6 +552,7 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
         tp_size=args.tp_size,
         ep_size=args.ep_size,
         repeats=args.repeats,
+        routing=args.routing,
         kv_cache_dtype=args.kv_cache_dtype,
         hbm_tbps=args.hbm_tbps,
         startup_lines=startup_lines,

@@ -53,6 +53,10 @@ batch touches depend on its prompts and the cut, not on chance. ``--temperature 
 tokens from the dummy head's near-flat logits, so rows route close to random routing, as real text does
 more nearly; it adds the sampler's cost to every step, verify rows included. ``--top-p`` below 1 makes the
 sampled requests filter their distribution too (what the EAGLE3 worker's acceptance then shapes per verify row).
+Sampling leaves the verify rows' drafts greedy (the dummy draft's proposals repeat: at batch 1 a verify read
+2.3x a decode step's experts on an H100, random routing 3.8x). ``--routing uniform`` (``bench_scaled``'s)
+routes every token of every layer at random instead, whatever the tokens, so each cut's MoE time per layer is
+random routing's and the projection from one cut carries to another.
 
 Memory: the 1+7 cut is ~102 GiB of weights + 5.5 GiB of draft; 64 x 8K prompts fit at bf16 KV with the GQA
 draft; the 64-KV-head draft adds 32 KiB / token of draft KV (use it with 1+3 or smaller batches).
@@ -68,7 +72,6 @@ import datetime
 import gzip
 import importlib.util
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -118,6 +121,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--hbm-tbps", type=float, default=0.0, help="HBM bandwidth of the floors (0: measure this GPU's)")
+    scaled.add_routing_arg(p)
     p.add_argument("--out", default="bench_results/spec_phases.json")
     p.add_argument(
         "--resume",
@@ -133,12 +137,18 @@ def parse_args(argv=None):
         p.error(f"--temperature={args.temperature}: a sampling temperature is at least 0")
     if not 0 < args.top_p <= 1:
         p.error(f"--top-p={args.top_p}: top-p lies in (0, 1]")
+    scaled.check_routing(p, args)
     return args
 
 
 def sampling_shape(args) -> dict:
     """The measured requests' sampling fields (``bench_scaled.stream_sampling``)."""
     return {"temperature": args.temperature, "top_p": args.top_p}
+
+
+def conditions(args) -> dict:
+    """What a row was measured under besides its shape: sampling and routing (``--resume`` keeps them equal)."""
+    return {**sampling_shape(args), "routing": args.routing}
 
 
 def parse_cuts(text: str) -> list[tuple[int, int]]:
@@ -641,12 +651,14 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if args.resume:
         resumed = json.loads(pathlib.Path(args.resume).read_text())
-        # files from before --temperature were greedy, from before --top-p unfiltered
-        measured_at = {"temperature": resumed.get("temperature", 0.0), "top_p": resumed.get("top_p", 1.0)}
-        if measured_at != sampling_shape(args):
+        # files from before --temperature were greedy, from before --top-p unfiltered, from before --routing
+        # routed by the model
+        measured = {"temperature": 0.0, "top_p": 1.0, "routing": "model"}
+        measured = {k: resumed.get(k, v) for k, v in measured.items()}
+        if measured != conditions(args):
             raise SystemExit(
-                f"--temperature={args.temperature} --top-p={args.top_p}: {args.resume} was measured with "
-                f"{measured_at}; its rows and these would not compare"
+                f"--temperature={args.temperature} --top-p={args.top_p} --routing={args.routing}: {args.resume} "
+                f"was measured with {measured}; its rows and these would not compare"
             )
         args.hbm_tbps = args.hbm_tbps or resumed["hbm_tbps"]  # the floors of the run being continued
     scaled.resolve_hbm_tbps(args)
@@ -690,7 +702,7 @@ def main(argv=None) -> dict:
             cmd += ["--model-dir", str(model_dir)]
             cmd += ["--draft-dir", str(draft_dir), "--results", str(results)]
             proc = subprocess.run(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=scaled.engine_env(args)
             )
             for line in results.read_text().splitlines():
                 records.append(json.loads(line))
@@ -729,7 +741,7 @@ def _write(out, args, argv, cuts, labels, records, drafts, draft_info, accept_le
         spec=dict(algorithm="EAGLE3", num_steps=args.num_steps, topk=1, num_draft_tokens=args.num_steps + 1),
         input_len=args.input_len,
         repeats=args.repeats,
-        **sampling_shape(args),
+        **conditions(args),
         tp_size=args.tp_size,
         ep_size=args.ep_size,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -117,7 +117,7 @@ def test_bench_scaled_on_the_tiny_model(tiny_vl, tmp_path):
     result = _run_script("bench_scaled.py", argv, tmp_path / "scaled.json", {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
     assert (tmp_path / "scaled.ours-b2.trace.json.gz").stat().st_size > 0  # the raw trace, kept
     per_rank = [line for line in result["startup_lines"]["ours"] if "sglang-m3 per rank of TP 2" in line]
-    assert len(per_rank) == 2 and result["tp_size"] == 2
+    assert len(per_rank) == 2 and result["tp_size"] == 2 and result["routing"] == "model"
     records = {r["kind"]: r for r in result["records"]}
     assert set(records) == {"startup", "tpot", "prefill", "profile"}
     assert records["tpot"]["ms"] > 0 and records["tpot"]["floor_ms"] > 0 and records["prefill"]["ms"] > 0
@@ -151,7 +151,7 @@ def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     argv += ["--batches", "2", "--input-len", "96", "--output-len", "24", "--repeats", "2"]
     result = _run_script("bench_spec.py", argv, tmp_path / "spec.json")
     assert result["errors"] == [] and result["spec"]["num_steps"] == 3 and result["repeats"] == 2
-    assert (result["temperature"], result["top_p"]) == (0.0, 1.0)  # greedy unless --temperature
+    assert (result["temperature"], result["top_p"], result["routing"]) == (0.0, 1.0, "model")  # the defaults
     for raw in (r for r in result["raw"] if r["kind"] == "time"):  # each engine's row: the lower median of 2
         assert len(raw["ms_repeats"]) == 2 and raw["ms"] == min(raw["ms_repeats"])
     (row,) = result["records"]
@@ -168,5 +168,5 @@ def test_bench_spec_on_the_tiny_pair(tiny_vl, tiny_draft, tmp_path):
     script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_spec.py"
     cmd = [sys.executable, str(script), *argv, "--temperature", "1", "--resume", str(tmp_path / "spec.json")]
     refused = subprocess.run([*cmd, "--out", str(tmp_path / "spec3.json")], capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0 and "--temperature=1.0 --top-p=1.0: " in refused.stderr
-    assert "measured with {'temperature': 0.0, 'top_p': 1.0}" in refused.stderr
+    assert refused.returncode != 0 and "--temperature=1.0 --top-p=1.0 --routing=model: " in refused.stderr
+    assert "measured with {'temperature': 0.0, 'top_p': 1.0, 'routing': 'model'}" in refused.stderr

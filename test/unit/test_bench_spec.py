@@ -154,3 +154,21 @@ def test_sampling_reaches_every_measured_request_and_bad_values_are_refused(benc
     with pytest.raises(SystemExit):
         bench["parse_args"](["--repeats", "0"])
     assert "--repeats=0: at least one timed round" in capsys.readouterr().err
+
+
+def test_uniform_routing_reaches_every_engine_and_needs_cuda_half_precision(bench, capsys, monkeypatch):
+    monkeypatch.delenv("SGLANG_SIMULATE_UNIFORM_EXPERTS", raising=False)
+    scaled = bench["scaled"]
+    args = bench["parse_args"](["--routing", "uniform"])
+    assert scaled.engine_env(args)["SGLANG_SIMULATE_UNIFORM_EXPERTS"] == "1"
+    assert bench["conditions"](args) == {"temperature": 0.0, "top_p": 1.0, "routing": "uniform"}
+    plain = bench["parse_args"]([])
+    assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in scaled.engine_env(plain, SGLANG_PLUGINS="x")
+    assert scaled.engine_env(plain, SGLANG_PLUGINS="x")["SGLANG_PLUGINS"] == "x"
+    for bad, named in ((["--device", "cpu"], "--device=cpu"), (["--dtype", "float32"], "--dtype=float32")):
+        with pytest.raises(SystemExit):
+            bench["parse_args"](["--routing", "uniform", *bad])
+        assert "--routing=uniform: SGLang simulates it in TopK" in (err := capsys.readouterr().err) and named in err
+    with pytest.raises(SystemExit):
+        scaled.parse_args(["--routing", "uniform", "--device", "cpu"])
+    assert "--routing=uniform: SGLang simulates it in TopK" in capsys.readouterr().err  # bench_scaled's too
