@@ -89,6 +89,37 @@ def test_target_probs_unfiltered_is_the_tempered_softmax():
     assert (target_probs(logits, temperature, **on) == 0).any()
 
 
+def test_target_probs_keep_width_is_the_sorted_distribution():
+    """Rows whose top-k is at most ``keep_width`` give the whole-row sort's distribution from ``torch.topk``'s
+    prefix, with top-p and min-p on some rows; a width below a row's top-k would not (the bound matters)."""
+    torch.manual_seed(6)
+    n, vocab = 8, 5000
+    logits = torch.randn(n, vocab) * 3
+    temperature = torch.rand(n) + 0.5
+    top_k = torch.tensor([1, 5, 20, 64, 64, 3, 40, 64])
+    top_p = torch.tensor([1.0, 0.5, 0.9, 1.0, 0.3, 1.0, 0.95, 0.99])
+    min_p = torch.tensor([0.0, 0.0, 0.1, 0.0, 0.0, 0.2, 0.0, 0.05])
+    want = target_probs(logits, temperature, top_k, top_p, min_p)
+    torch.testing.assert_close(target_probs(logits, temperature, top_k, top_p, min_p, keep_width=64), want)
+    assert ((want > 0).sum(-1) > 16).any()  # some row keeps more than a width of 16 would hold
+    assert not torch.allclose(target_probs(logits, temperature, top_k, top_p, min_p, keep_width=16), want)
+
+
+def test_top_k_bound_only_when_every_request_bounds_it():
+    from types import SimpleNamespace
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang_m3.spec.worker import TOP_K_WIDTH_MAX, _top_k_bound
+
+    def reqs(*params):
+        return [SimpleNamespace(sampling_params=SamplingParams(**p)) for p in params]
+
+    assert _top_k_bound(reqs({"top_k": 20}, {"temperature": 0.0}, {"top_k": 50, "top_p": 0.9})) == 50  # greedy: 1
+    assert _top_k_bound(reqs({"top_k": 20}, {"temperature": 0.7})) is None  # one request samples the whole vocab
+    assert _top_k_bound(reqs({"top_k": TOP_K_WIDTH_MAX + 1})) is None
+    assert _top_k_bound([]) is None
+
+
 def test_admission_refuses_only_custom_logit_processors():
     from sglang_m3.spec.admission import check_sampling_params
 

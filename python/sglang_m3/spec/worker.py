@@ -313,6 +313,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             per_row(info.top_ps),
             per_row(info.min_ps),
             filtered=info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling,
+            keep_width=_top_k_bound(batch.reqs),
         ).view(bs, R, V)
         if info.sampling_seed is not None:  # SGLang sets it for every request once one has a seed
             u = seeded_coins(info.sampling_seed.reshape(bs), batch.seq_lens, R)
@@ -401,6 +402,16 @@ class M3Eagle3Worker(BaseSpecWorker):
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
+
+
+TOP_K_WIDTH_MAX = 1024  # the largest top-k the verify's filters take from torch.topk instead of a sort
+
+
+def _top_k_bound(reqs) -> int | None:
+    """The largest top-k of the batch when every request sets one up to ``TOP_K_WIDTH_MAX`` (greedy requests
+    hold top-k 1), else None: ``target_probs(keep_width=...)``. From the host's sampling params: no sync."""
+    ks = [r.sampling_params.top_k for r in reqs]
+    return max(ks) if ks and all(0 < k <= TOP_K_WIDTH_MAX for k in ks) else None
 
 
 def _has_penalty(params) -> bool:
