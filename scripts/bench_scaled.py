@@ -126,9 +126,9 @@ def check_routing(p: argparse.ArgumentParser, args) -> None:
         )
 
 
-def engine_env(args, **extra: str) -> dict:
-    """The environment of one engine process: this one's, ``extra``, and uniform routing if asked."""
-    env = {**os.environ, **extra}
+def engine_env(args) -> dict:
+    """The environment of one engine process: this one's, and uniform routing if asked."""
+    env = dict(os.environ)
     if args.routing == "uniform":
         env[UNIFORM_ROUTING_ENV] = "1"
     return env

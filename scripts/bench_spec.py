@@ -651,10 +651,8 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if args.resume:
         resumed = json.loads(pathlib.Path(args.resume).read_text())
-        # files from before --temperature were greedy, from before --top-p unfiltered, from before --routing
-        # routed by the model
-        measured = {"temperature": 0.0, "top_p": 1.0, "routing": "model"}
-        measured = {k: resumed.get(k, v) for k, v in measured.items()}
+        # a file from before an option was measured at its default
+        measured = {k: resumed.get(k, v) for k, v in conditions(parse_args([])).items()}
         if measured != conditions(args):
             raise SystemExit(
                 f"--temperature={args.temperature} --top-p={args.top_p} --routing={args.routing}: {args.resume} "

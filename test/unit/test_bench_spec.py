@@ -162,9 +162,10 @@ def test_uniform_routing_reaches_every_engine_and_needs_cuda_half_precision(benc
     args = bench["parse_args"](["--routing", "uniform"])
     assert scaled.engine_env(args)["SGLANG_SIMULATE_UNIFORM_EXPERTS"] == "1"
     assert bench["conditions"](args) == {"temperature": 0.0, "top_p": 1.0, "routing": "uniform"}
+    monkeypatch.setenv("SGLANG_PLUGINS", "x")
     plain = bench["parse_args"]([])
-    assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in scaled.engine_env(plain, SGLANG_PLUGINS="x")
-    assert scaled.engine_env(plain, SGLANG_PLUGINS="x")["SGLANG_PLUGINS"] == "x"
+    assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in scaled.engine_env(plain)
+    assert scaled.engine_env(plain)["SGLANG_PLUGINS"] == "x"  # this process's environment passes through
     for bad, named in ((["--device", "cpu"], "--device=cpu"), (["--dtype", "float32"], "--dtype=float32")):
         with pytest.raises(SystemExit):
             bench["parse_args"](["--routing", "uniform", *bad])
