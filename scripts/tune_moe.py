@@ -6,11 +6,14 @@ SGLang 0.5.17 ships no config for M3's expert shape (128 experts, hidden 6144, i
 SGLang's own kernel (``fused_experts`` under ``override_config``, M3's SwiGLU-OAI gate: alpha 1.702,
 limit 7, gate / up not interleaved, routed scaling 2.0) on random weights and uniformly random top-4
 routing, and writes the fastest per token count in SGLang's format and file name
-(``python/sglang_m3/moe_configs/triton_<version>/E=..,N=..,device_name=...json``; every other count of
-``DECODE_AND_PREFILL`` at SGLang's default), which ``plugin.py`` hands SGLang ahead of its own directory.
+(``python/sglang_m3/moe_configs/triton_<version>/E=..,N=..,device_name=...json``), which ``plugin.py`` hands
+SGLang ahead of its own directory. A count this run does not time keeps the entry the file already has (an
+earlier run's), else gets SGLang's default, so the file covers every count of ``DECODE_AND_PREFILL`` and a run
+with a short ``--batches`` adds to a file instead of resetting it.
 
 Candidates: the ``--candidates`` configs SGLang itself ships most often for Hopper (H100 / H200 / H800 /
-H20 files of the same dtype), plus SGLang's default for each token count. Each config is compiled and
+H20 files of the same dtype), plus SGLang's default and the file's present entry for each token count (a
+re-run never writes a slower tile than the file had). Each config is compiled and
 timed at every ``--batches`` token count: ``--reps`` calls (fewer above 512 tokens) captured in one CUDA graph,
 replayed ``--iters`` times, the median replay over the calls (graphs as decode runs them, no launch gaps).
 Triton compiles each config once per specialisation (the kernel's integer arguments, which depend on the expert
@@ -114,14 +117,21 @@ def one_rank_groups() -> None:
     initialize_model_parallel(1)
 
 
-def best_per_batch(timings: dict[int, dict[tuple, float]], defaults: dict[int, tuple]) -> dict[str, dict]:
+def best_per_batch(timings: dict[int, dict[tuple, float]], untimed: dict[int, tuple]) -> dict[str, dict]:
     """SGLang's file format: ``{"M": config}`` with each token count's fastest config; a token count left
-    untimed (``--deadline``, or not in ``--batches``) gets SGLang's default, which its lookup would
-    otherwise take from the nearest tuned M instead."""
+    untimed (``--deadline``, or not in ``--batches``) gets ``untimed[M]`` (the file's present entry, else
+    SGLang's default), where SGLang's lookup would otherwise take the nearest tuned M's config."""
     return {
-        str(m): as_config(min(timings[m], key=timings[m].get) if timings.get(m) else defaults[m])
-        for m in sorted(defaults)
+        str(m): as_config(min(timings[m], key=timings[m].get) if timings.get(m) else untimed[m])
+        for m in sorted(untimed)
     }
+
+
+def present_entries(path: pathlib.Path) -> dict[int, tuple]:
+    """The configs a file already written for this shape holds, by token count (none without a file)."""
+    if not path.exists():
+        return {}
+    return {int(m): config_key(config) for m, config in json.loads(path.read_text()).items()}
 
 
 def token_counts(batches: list[int]) -> list[int]:
@@ -248,6 +258,8 @@ def main(argv=None) -> dict:
     # SGLang's default config at each M
     shape = dict(E=E, N=N, K=K, top_k=top_k, dtype=args.dtype, tp=args.tp_size, ep=args.ep_size)
     defaults = sglang_defaults(shape, token_counts(batches))
+    out = config_path(get_config_file_name(E, N, config_dtype), triton.__version__, pathlib.Path(args.out_dir))
+    untimed = defaults | present_entries(out)
 
     def routed(m: int):
         """``m`` random tokens and their routing: uniformly random top-k of all experts; another EP rank's experts
@@ -261,10 +273,10 @@ def main(argv=None) -> dict:
 
     if args.compile_only:  # worker I of N: run its share of the configs once at every M, for Triton's cache
         i, n = (int(v) for v in args.compile_only.split("/"))
-        mine = sorted(set(candidates) | set(defaults.values()), key=str)[i::n]
+        mine = sorted(set(candidates) | set(defaults.values()) | set(untimed.values()), key=str)[i::n]
         for m in batches:
             x, topk = routed(m)
-            for key in (k for k in mine if k in candidates or k == defaults[m]):
+            for key in (k for k in mine if k in candidates or k in (defaults[m], untimed[m])):
                 try:
                     with override_config(as_config(key)):
                         fused_experts(x, w1, w2, topk, runner, **quant)
@@ -272,17 +284,16 @@ def main(argv=None) -> dict:
                     pass
         torch.cuda.synchronize()
         return {}
-    out = config_path(get_config_file_name(E, N, config_dtype), triton.__version__, pathlib.Path(args.out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
-    table = best_per_batch(timings, defaults)
+    table = best_per_batch(timings, untimed)
     for m in batches:
         if args.deadline is not None and time.perf_counter() - tic > args.deadline:
-            print(f"M={m}: past --deadline, SGLang's default kept", flush=True)
+            print(f"M={m}: past --deadline, the file's entry (else SGLang's default) kept", flush=True)
             continue
         x, topk = routed(m)
         timings[m] = {}
         reps = max(1, min(args.reps, args.reps * 512 // m))  # large prefill chunks: fewer calls per graph
-        for key in candidates + [defaults[m]]:
+        for key in candidates + [defaults[m], untimed[m]]:
             if key in failed or key in timings[m]:
                 continue
             call = lambda: fused_experts(x, w1, w2, topk, runner, **quant)  # noqa: B023,E731
@@ -311,7 +322,7 @@ def main(argv=None) -> dict:
         best, dflt = min(timings[m].values()), timings[m].get(defaults[m], float("nan"))
         at = time.perf_counter() - tic
         print(f"M={m}: best {best * 1e3:.1f} us, SGLang's default {dflt * 1e3:.1f} us ({at:.0f} s)", flush=True)
-        table = best_per_batch(timings, defaults)
+        table = best_per_batch(timings, untimed)
         out.write_text(json.dumps(table, indent=1) + "\n")  # after every M: a run cut short keeps what it timed
     report = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

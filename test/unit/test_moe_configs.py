@@ -75,6 +75,21 @@ def test_tuner_candidates_and_table():
     }
 
 
+def test_untimed_counts_keep_the_files_entries(tmp_path):
+    """A re-run with a short --batches (say 256 verify rows) adds to the file: the counts it leaves untimed keep
+    the file's entries, counts the file lacks get SGLang's default."""
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    slow, fast, default = (64, 64, 32, 8, None, None), (16, 32, 64, 1, 4, 3), (128, 128, 64, 1, 4, 3)
+    path = tmp_path / "E=128,N=3072,device_name=NVIDIA_H200.json"
+    assert tune["present_entries"](path) == {}
+    path.write_text(json.dumps({"1": TUNED, "256": tune["as_config"](slow)}))
+    present = tune["present_entries"](path)
+    assert present == {1: tune["config_key"](TUNED), 256: slow}
+    untimed = {1: default, 256: default, 8192: default} | present
+    table = tune["best_per_batch"]({256: {fast: 1.0, slow: 2.0}}, untimed)
+    assert table == {"1": TUNED, "256": TUNED, "8192": tune["as_config"](default)}
+
+
 def test_install_rebuilds_the_file_from_a_report(tmp_path):
     tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
     name = "E=128,N=3072,device_name=NVIDIA_H200.json"
