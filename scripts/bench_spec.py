@@ -56,12 +56,12 @@ sampled requests filter their distribution too (what the EAGLE3 worker's accepta
 Sampling leaves the verify rows' drafts greedy (the dummy draft's proposals repeat: at batch 1 a verify read
 2.3x a decode step's experts on an H100, random routing 3.8x). ``--routing uniform`` (``bench_scaled``'s)
 routes every token of every layer at random instead, whatever the tokens, so each cut's MoE time per layer is
-random routing's and the projection from one cut carries to another.
+random routing's and the projection from one cut carries to another (1+3 -> 1+7 within 4 % on one H200).
 
 Memory: the 1+7 cut is ~102 GiB of weights + 5.5 GiB of draft; 64 x 8K prompts fit at bf16 KV with the GQA
 draft; the 64-KV-head draft adds 32 KiB / token of draft KV (use it with 1+3 or smaller batches).
 
-    python3 scripts/bench_spec.py --cuts 1+3,1+7 --out benchmarks/spec_phases.json
+    python3 scripts/bench_spec.py --cuts 1+3,1+7 --routing uniform --out benchmarks/e2e_spec_uniform.json
 """
 
 from __future__ import annotations
