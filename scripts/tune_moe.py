@@ -62,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument(
-        "--deadline", type=float, default=None, help="seconds; token counts not reached by then keep SGLang's default"
+        "--deadline", type=float, default=None, help="seconds; token counts not reached by then stay untimed"
     )
     p.add_argument("--compile-jobs", type=int, default=min(8, os.cpu_count() or 1), help="processes compiling first")
     p.add_argument("--compile-only", default=None, metavar="I/N", help=argparse.SUPPRESS)  # internal: worker I of N
