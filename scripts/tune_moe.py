@@ -164,8 +164,10 @@ def sglang_defaults(shape: dict, counts: list[int]) -> dict[int, tuple]:
 
 
 def install(report_path: str, out_dir: str) -> pathlib.Path:
-    """The config file a tuning run wrote, rebuilt from its report (its name and ``table``); token counts
-    the report's table lacks (a run with a short ``--batches``) get SGLang's default."""
+    """The config file a tuning run wrote, rebuilt from its report (its name and ``table``), into ``out_dir``.
+    A token count the run did not time (not in the report's ``per_batch``) keeps the entry the file here
+    already has, as a run on this machine would have (the run elsewhere saw a copy of the tree without
+    it); token counts neither the table nor that file holds get SGLang's default."""
     report = json.loads(pathlib.Path(report_path).read_text())
     if "table" not in report:
         raise SystemExit(f"--install {report_path}: the report has no 'table' (written by an older tune_moe.py)")
@@ -177,6 +179,8 @@ def install(report_path: str, out_dir: str) -> pathlib.Path:
         publish_sglang_context()
         table |= {m: as_config(key) for m, key in sglang_defaults(report["shape"], missing).items()}
     out = pathlib.Path(out_dir) / pathlib.Path(report["file"]).parent.name / pathlib.Path(report["file"]).name
+    timed = {int(m) for m in report.get("per_batch", table)}
+    table |= {m: as_config(key) for m, key in present_entries(out).items() if m not in timed}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({str(m): table[m] for m in sorted(table)}, indent=1) + "\n")
     return out

@@ -121,6 +121,22 @@ def test_install_gives_untimed_token_counts_sglangs_default(tmp_path):
     assert got["8192"]["BLOCK_SIZE_M"] > TUNED["BLOCK_SIZE_M"]  # a prefill tile, not the decode one
 
 
+def test_install_keeps_the_files_entries_for_untimed_counts(tmp_path):
+    """Two runs elsewhere, each timing some counts, installed one after the other: both runs' timings stay."""
+    tune = runpy.run_path(str(REPO / "scripts" / "tune_moe.py"), run_name="tune_moe")
+    name = "E=128,N=3072,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json"
+    counts = tune["token_counts"]([])
+    other = {k: TUNED[k] for k in list(TUNED)[:4]}
+    first = {str(m): TUNED if m in (1, 8) else other for m in counts}
+    second = {str(m): TUNED if m in (32, 64) else other for m in counts}
+    report = tmp_path / "report.json"
+    for table, timed in ((first, ("1", "8")), (second, ("32", "64"))):
+        report.write_text(json.dumps(dict(file=name, table=table, per_batch={m: {} for m in timed})))
+        got = json.loads(tune["install"](str(report), str(tmp_path / "configs")).read_text())
+    assert {m for m, config in got.items() if config == TUNED} == {"1", "8", "32", "64"}
+    assert got["8192"] == other
+
+
 def test_committed_configs_cover_the_tuned_token_counts():
     """Every committed file: SGLang's format, every token count the tuner runs, complete configs."""
     from sglang_m3 import moe_configs
