@@ -87,9 +87,13 @@ def test_single_requests_match_the_batch(spec_engine, reference, prompts):
 
 
 def test_output_logprobs_match_plain_decoding(spec_engine, reference, prompts):
+    # fp32 on CPU, yet not bit-equal: the verify's 4-row GEMMs and plain decoding's 1-row ones sum in
+    # different orders (the CPU GEMM's blocking follows the row count: 4 or 8 verify rows as the
+    # scheduler batches the two requests): up to 1.3e-4 apart at log-probs near -4 (seen once in many
+    # runs). What the test is after, a wrong row's or the draft's log-probs, differs by far more.
     spec, _ = engine_output_logprobs(spec_engine, prompts[:2])
     for got, want in zip(spec, reference[1]):
-        assert got == pytest.approx(want, abs=1e-4)
+        assert got == pytest.approx(want, abs=5e-4)
 
 
 def test_top_k_1_sampling_equals_greedy(spec_engine, reference, prompts):
