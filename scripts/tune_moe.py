@@ -165,9 +165,9 @@ def sglang_defaults(shape: dict, counts: list[int]) -> dict[int, tuple]:
 
 def install(report_path: str, out_dir: str) -> pathlib.Path:
     """The config file a tuning run wrote, rebuilt from its report (its name and ``table``), into ``out_dir``.
-    A token count the run did not time (not in the report's ``per_batch``) keeps the entry the file here
-    already has, as a run on this machine would have (the run elsewhere saw a copy of the tree without
-    it); token counts neither the table nor that file holds get SGLang's default."""
+    A token count the run did not time (not in the report's ``per_batch``) keeps the entry the file in
+    ``out_dir`` already has (the run, on another machine's copy of the tree, may not have seen it); counts
+    that neither holds get SGLang's default."""
     report = json.loads(pathlib.Path(report_path).read_text())
     if "table" not in report:
         raise SystemExit(f"--install {report_path}: the report has no 'table' (written by an older tune_moe.py)")
