@@ -306,14 +306,15 @@ class M3Eagle3Worker(BaseSpecWorker):
             return greedy_tokens, greedy_len
         bs, R, V = shaped.shape
         per_row = lambda x: x.reshape(bs).repeat_interleave(R)  # noqa: E731  [bs] -> [bs * R]
+        filtered = info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling
         probs = target_probs(
             shaped.reshape(bs * R, V),
             per_row(info.temperatures),
             per_row(info.top_ks),
             per_row(info.top_ps),
             per_row(info.min_ps),
-            filtered=info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling,
-            keep_width=_top_k_bound(batch.reqs),
+            filtered=filtered,
+            keep_width=_top_k_bound(batch.reqs) if filtered else None,  # the bound only shapes filtered rows
         ).view(bs, R, V)
         if info.sampling_seed is not None:  # SGLang sets it for every request once one has a seed
             u = seeded_coins(info.sampling_seed.reshape(bs), batch.seq_lens, R)
