@@ -57,12 +57,16 @@ class Router(nn.Module):
     """``x W^T`` in fp32 for the released fp32 router weight ``W [E, H]`` (DESIGN section 4), replicated.
 
     fp32 and CPU models hold ``W`` and multiply in fp32. CUDA bf16 models hold it as ``split_bf16``'s
-    three parts (the checkpoint's tensor is split as it loads) and take the logits from one bf16 GEMM
-    with fp32 output over them plus a sum of the three: no conversion of ``x``, no fp32 GEMV, and
-    prefill's router on tensor cores. bf16 x bf16 products are exact in fp32, but Hopper's tensor cores
-    add them with truncated alignment: the logits are within ~2^-17 of the largest (measured; an fp32
-    GEMV ~2^-21, a bf16 cast of the weight, as SGLang's M3 runs, ~2^-8). At batch 1 its kernels take
-    about what the conversion and the fp32 GEMV took (benchmarks/e2e.md, call U)."""
+    three parts (the checkpoint's tensor is split as it loads) and take the logits from one bf16 product
+    with fp32 output over them plus a sum of the three: no conversion of ``x`` and no fp32 GEMV.
+    bf16 x bf16 products are exact in fp32. Up to ``GEMV_TOKENS`` tokens (decode, verify) the product is
+    SGLang's router GEMV (``dsv3_router_gemm``, sm_90+, for 256 / 384 rows and a hidden size a multiple
+    of 1024: the released 128 experts' three parts are 384 rows): one launch where cuBLAS runs a split-K
+    GEMM and its reduction, fp32 sums on CUDA cores (~2^-21 of the largest logit), and a token's logits
+    do not depend on the others in its batch. Longer batches (prefill) take cuBLAS's tensor cores, which
+    add with truncated alignment (~2^-17; a bf16 cast of the weight, as SGLang's M3 runs, ~2^-8)."""
+
+    GEMV_TOKENS = 16  # dsv3_router_gemm's largest token count
 
     def __init__(self, hidden_size: int, num_experts: int, split: bool):
         super().__init__()
@@ -74,6 +78,7 @@ class Router(nn.Module):
             shape, dtype = self.shape, torch.float32
         self.weight = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
         self.weight.weight_loader = self.load_weight
+        self.gemv = split and router_gemv_fits(shape)
 
     def load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         if tuple(loaded.shape) != self.shape:
@@ -83,9 +88,20 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> fp32 logits ``[T, E]``."""
         if self.split:
-            parts = torch.mm(x, self.weight.t(), out_dtype=torch.float32)  # [T, 3E]
+            if self.gemv and 0 < x.shape[0] <= self.GEMV_TOKENS:
+                from sglang.kernels.ops.gemm.dsv3_router_gemm import dsv3_router_gemm
+
+                parts = dsv3_router_gemm(x.contiguous(), self.weight, out_dtype=torch.float32)
+            else:
+                parts = torch.mm(x, self.weight.t(), out_dtype=torch.float32)  # [T, 3E]
             return parts.view(x.shape[0], SPLIT_PARTS, self.num_experts).sum(1)
         return F.linear(x.float(), self.weight)
+
+
+def router_gemv_fits(shape: tuple[int, int]) -> bool:
+    """Whether SGLang's router GEMV takes a split weight of ``shape`` on this process's GPU."""
+    rows, hidden = shape
+    return rows in (256, 384) and hidden % 1024 == 0 and torch.cuda.get_device_capability()[0] >= 9
 
 
 def split_router(dtype: torch.dtype) -> bool:
