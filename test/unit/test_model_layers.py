@@ -124,8 +124,8 @@ def test_split_router_is_the_fp32_product(tokens):
     err = (logits.double() - want).abs().max().item()
     bf16_cast = (x.double() @ weight.to(torch.bfloat16).double().t() - want).abs().max().item()
     assert logits.dtype == torch.float32
-    assert router.gemv  # sm_90+: SGLang's router GEMV serves up to GEMV_TOKENS tokens
-    if tokens <= Router.GEMV_TOKENS:
+    assert router.gemv == (torch.cuda.get_device_capability()[0] >= 9)  # SGLang's router GEMV: sm_90+
+    if router.gemv and tokens <= Router.GEMV_TOKENS:
         # the GEMV's fp32 sums on CUDA cores: a few fp32 roundings of the largest logit
         assert err < want.abs().max().item() * 2**-19, (err, want.abs().max().item())
         # and a token's logits are its own, whatever else is in the batch
