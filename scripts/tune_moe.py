@@ -172,15 +172,15 @@ def install(report_path: str, out_dir: str) -> pathlib.Path:
     if "table" not in report:
         raise SystemExit(f"--install {report_path}: the report has no 'table' (written by an older tune_moe.py)")
     table = {int(m): config for m, config in report["table"].items()}
+    out = pathlib.Path(out_dir) / pathlib.Path(report["file"]).parent.name / pathlib.Path(report["file"]).name
+    timed = {int(m) for m in report.get("per_batch", table)}
+    table |= {m: as_config(key) for m, key in present_entries(out).items() if m not in timed}
     missing = [m for m in token_counts(list(table)) if m not in table]
     if missing:
         if "shape" not in report:
             raise SystemExit(f"--install {report_path}: the table lacks token counts {missing}, the report a 'shape'")
         publish_sglang_context()
         table |= {m: as_config(key) for m, key in sglang_defaults(report["shape"], missing).items()}
-    out = pathlib.Path(out_dir) / pathlib.Path(report["file"]).parent.name / pathlib.Path(report["file"]).name
-    timed = {int(m) for m in report.get("per_batch", table)}
-    table |= {m: as_config(key) for m, key in present_entries(out).items() if m not in timed}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({str(m): table[m] for m in sorted(table)}, indent=1) + "\n")
     return out
