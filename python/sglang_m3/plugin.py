@@ -312,6 +312,11 @@ def _moe_configs_for(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)
 
     name = get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant, down_moe)
     found = moe_configs.lookup(name, triton.__version__)
+    if found is None and per_channel_quant:
+        # Per-tensor FP8 experts run in per-channel mode (quant.per_token_moe_activations): the same
+        # GEMM, only the scales' loads differ, so the per-tensor file's tiles hold.
+        name = get_config_file_name(E, N, dtype, [block_n, block_k], False, down_moe)
+        found = moe_configs.lookup(name, triton.__version__)
     if found is not None:
         logger.info("sglang-m3: fused MoE configs tuned for M3: %s", moe_configs.config_path(name, triton.__version__))
     return found

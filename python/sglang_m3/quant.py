@@ -10,11 +10,14 @@ router is fp32 in the release; the indexer's scores pick the pages). Anything el
 refused at start-up naming the method.
 
 Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
-block-FP8 GEMMs: ``keep_block_fp8_on_triton``.
+block-FP8 GEMMs: ``keep_block_fp8_on_triton``. MoE layers with per-tensor FP8 weights (``--quantization
+fp8``) quantise their activations per token: ``per_token_moe_activations``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 
 from torch import nn
@@ -72,3 +75,41 @@ def keep_block_fp8_on_triton(model: nn.Module, quant_config) -> int:
     if moved:
         logger.info("sglang-m3: %d block-FP8 linears (block %s) on SGLang's Triton GEMM", moved, block)
     return moved
+
+
+def per_token_moe_activations(model: nn.Module, quant_config) -> int:
+    """Per-tensor FP8 MoE layers on SGLang's Triton runner quantise activations per token; returns how many.
+
+    SGLang's ``Fp8MoEMethod`` hands its Triton runner one weight scale per expert, and the runner then
+    quantises each GEMM's input with one dynamic scale for the whole batch (``scaled_fp8_quant``: a zeroed
+    scale, an absmax reduction, the quantisation: three kernels before each of the two GEMMs, six a layer,
+    and every token rounded on the batch's largest value). The runner's per-channel mode takes one scale
+    per token (one kernel a GEMM) and one per weight row; an expert's single scale broadcast over its rows
+    (a stride-0 view, ``per_token_quant_info``) is that per-row scale, so the product is the same but for
+    the finer activation scales. Dynamic activation scales only (a static ``input_scale`` stays per tensor)."""
+    if quant_config is None or getattr(quant_config, "activation_scheme", None) != "dynamic":
+        return 0
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+
+    switched = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, Fp8MoEMethod) and not method.block_quant and not method.use_mxfp8:
+            method.get_triton_quant_info = functools.partial(per_token_quant_info, method)
+            switched += 1
+    return switched
+
+
+def per_token_quant_info(method, layer: nn.Module):
+    """``Fp8MoEMethod.get_triton_quant_info`` with per-token activations: each expert's weight scale
+    (``[E]``) as a per-row scale (``[E, rows]``, stride 0 along the rows)."""
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+
+    info = Fp8MoEMethod.get_triton_quant_info(method, layer)
+    experts = layer.w13_weight.shape[0]
+    return dataclasses.replace(
+        info,
+        per_channel_quant=True,
+        w13_scale=info.w13_scale.view(experts, 1).expand(experts, layer.w13_weight.shape[1]),
+        w2_scale=info.w2_scale.view(experts, 1).expand(experts, layer.w2_weight.shape[1]),
+    )

@@ -45,6 +45,23 @@ def test_tuned_config_for_m3_shape_wins(sgl_configs):
     assert pick(2) == TUNED and pick(50)["BLOCK_SIZE_M"] == 64  # nearest tuned token count, as SGLang picks
 
 
+def test_per_channel_fp8_takes_the_per_tensor_files_tiles(sgl_configs):
+    """Per-tensor FP8 experts run the runner's per-channel mode (``quant.per_token_moe_activations``):
+    the lookup SGLang makes for it gets the ``dtype=fp8_w8a8`` file's tiles."""
+    import triton
+    from sglang_m3 import moe_configs
+
+    fp8_tiles = dict(TUNED, BLOCK_SIZE_K=128)
+    path = moe_configs.config_path(sgl_configs.get_config_file_name(128, 3072, "fp8_w8a8"), triton.__version__)
+    path.write_text(json.dumps({"1": fp8_tiles}))
+
+    def pick(per_channel):
+        shapes = ((128, 6144, 6144), (128, 6144, 3072))
+        return sgl_configs.try_get_optimal_moe_config(*shapes, 4, "fp8_w8a8", 1, per_channel_quant=per_channel)
+
+    assert pick(True) == pick(False) == fp8_tiles
+
+
 def test_other_shapes_keep_sglangs_choice(sgl_configs):
     got = sgl_configs.try_get_optimal_moe_config((128, 1024, 6144), (128, 6144, 512), 4, None, 2)
     assert got == sgl_configs.get_default_config(2, 128, 512, 6144, 4, None, False)
