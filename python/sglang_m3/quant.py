@@ -86,7 +86,9 @@ def per_token_moe_activations(model: nn.Module, quant_config) -> int:
     and every token rounded on the batch's largest value). The runner's per-channel mode takes one scale
     per token (one kernel a GEMM) and one per weight row; an expert's single scale broadcast over its rows
     (a stride-0 view, ``per_token_quant_info``) is that per-row scale, so the product is the same but for
-    the finer activation scales. Dynamic activation scales only (a static ``input_scale`` stays per tensor)."""
+    the finer activation scales: what SGLang's ``Fp8LinearMethod`` does for the linears of the same model
+    (per-tensor weights, ``convert_to_channelwise``, per-token activations). Dynamic activation scales
+    only (a static ``input_scale`` stays per tensor). The step time did not move (``docs/perf-notes.md``)."""
     if quant_config is None or getattr(quant_config, "activation_scheme", None) != "dynamic":
         return 0
     from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod

@@ -118,12 +118,9 @@ def run_fused(x, w13, s13, w2, s2, weights, ids, alpha, limit, per_token):
 
 @pytest.fixture(scope="module")
 def cuda_context():
-    from sglang.srt import runtime_context
-    from sglang.srt.server_args import ServerArgs
-
-    runtime_context.publish(ServerArgs(model_path=str(default_checkpoint("m3-tiny", "vl")), device="cuda"), role="test")
-    yield
-    runtime_context.reset_context()
+    """SGLang's parallel state for one rank (the fused MoE asks for its TP group) and runtime context."""
+    with one_rank(default_checkpoint("m3-tiny", "vl")):
+        yield
 
 
 def random_experts(experts, hidden, inter, seed):
