@@ -13,6 +13,8 @@ output within 2e-2.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from cpu_model import one_rank
@@ -105,14 +107,21 @@ def experts_reference(x, w13, s13, w2, s2, weights, ids, alpha, limit, quantise=
 
 
 def run_fused(x, w13, s13, w2, s2, weights, ids, alpha, limit, per_token):
+    """SGLang's fused MoE on what ``Fp8MoEMethod`` hands its runner: ``per_token_quant_info``'s hand-over,
+    or SGLang's own (one activation scale for the batch)."""
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts_impl
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+    from sglang_m3.quant import per_token_quant_info
 
-    experts = w13.shape[0]
-    if per_token:
-        s13, s2 = s13.view(experts, 1).expand(experts, w13.shape[1]), s2.view(experts, 1).expand(experts, w2.shape[1])
+    layer = SimpleNamespace(w13_weight=w13, w2_weight=w2, w13_weight_scale=s13, w2_weight_scale=s2)
+    layer.w13_input_scale = layer.w2_input_scale = None  # dynamic activation scales
+    method = SimpleNamespace(use_mxfp8=False, block_quant=False, weight_block_size=None)
+    info = (per_token_quant_info if per_token else Fp8MoEMethod.get_triton_quant_info)(method, layer)
+    assert info.per_channel_quant == per_token
     return fused_experts_impl(
-        x, w13, w2, weights, ids, use_fp8_w8a8=True, per_channel_quant=per_token, w1_scale=s13, w2_scale=s2,
-        gemm1_alpha=alpha, gemm1_limit=limit, gate_up_interleaved=False,
+        x, w13, w2, weights, ids, use_fp8_w8a8=True, per_channel_quant=info.per_channel_quant,
+        w1_scale=info.w13_scale, w2_scale=info.w2_scale, gemm1_alpha=alpha, gemm1_limit=limit,
+        gate_up_interleaved=False,
     )  # fmt: skip
 
 
