@@ -19,8 +19,7 @@ import pytest
 import torch
 from cpu_model import one_rank
 from sglang_m3.tiny import default_checkpoint
-
-E4M3_MAX = 448.0
+from sglang_m3.tiny.fp8 import FP8_MAX
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +81,7 @@ def test_the_runner_gets_each_experts_scale_on_every_row(fp8_model):
 
 def e4m3_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row dynamic e4m3 quantisation: (fp8 values as fp32, per-row scale)."""
-    scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-10) / E4M3_MAX
+    scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-10) / FP8_MAX
     return (x.float() / scale).to(torch.float8_e4m3fn).float(), scale
 
 
@@ -138,7 +137,7 @@ def random_experts(experts, hidden, inter, seed):
     w2 = torch.randn(experts, hidden, inter, device="cuda", generator=g) / inter**0.5
     out = []
     for w in (w13, w2):
-        scale = w.abs().amax(dim=(1, 2)) / E4M3_MAX  # one scale per expert, as SGLang quantises at load
+        scale = w.abs().amax(dim=(1, 2)) / FP8_MAX  # one scale per expert, as SGLang quantises at load
         out += [(w / scale[:, None, None]).to(torch.float8_e4m3fn), scale.float()]
     return out
 
