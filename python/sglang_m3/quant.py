@@ -5,9 +5,10 @@ and the MoE: ``--quantization fp8`` (per-tensor FP8 weights made at load, Hopper
 GEMMs) and checkpoints that carry a block-FP8 ``quantization_config`` (``quant_method:
 fp8`` with ``weight_block_size``: ``Fp8LinearMethod`` / ``Fp8MoEMethod`` with block scales,
 the checkpoint's ``weight_scale_inv`` loaded into the fused qkv / gate_up / FusedMoE w13 / w2
-scale parameters). The router, the indexer projections and the norms stay unquantised (the
-router is fp32 in the release; the indexer's scores pick the pages). Anything else is
-refused at start-up naming the method.
+scale parameters). The router and the norms stay unquantised (the router is fp32 in the
+release); the indexer's projections are quantised with the attention's qkv only where the method
+gives each weight row its own scale (``quantises_rows_alone``), else they stay unquantised (their
+scores pick the pages). Anything else is refused at start-up naming the method.
 
 Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
 block-FP8 GEMMs: ``keep_block_fp8_on_triton``. MoE layers with per-tensor FP8 weights (``--quantization
@@ -37,6 +38,23 @@ def check_quantization(quant_config) -> None:
         raise ValueError(
             f"quantization={name!r}: sglang-m3 serves MiniMax-M3 unquantised or with {list(SUPPORTED_QUANTIZATION)}"
         )
+
+
+def quantises_rows_alone(method) -> bool:
+    """Whether a linear's quant method turns its unquantised weight into FP8 at load with one scale per
+    output row: SGLang's ``Fp8LinearMethod`` for ``--quantization fp8`` (an unquantised checkpoint) on its
+    CUTLASS GEMM (``process_weights_after_loading``: ``per_token_group_quant_fp8`` over each row). Rows
+    appended to such a weight before it is processed are quantised as precisely as in a layer of their own.
+    Marlin sizes its weight from the layer's declared widths, and a per-tensor or serialised scale is
+    shared by all rows: those are left alone."""
+    from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
+
+    return (
+        isinstance(method, Fp8LinearMethod)
+        and not (method.block_quant or method.use_mxfp8 or method.use_marlin)
+        and not method.is_checkpoint_fp8_serialized
+        and bool(method.cutlass_fp8_supported)
+    )
 
 
 def keep_block_fp8_on_triton(model: nn.Module, quant_config) -> int:

@@ -15,9 +15,9 @@ from .config import DraftConfig, M3Config
 from .parallel import rank_heads
 
 GIB = 1 << 30
-# Bytes per element of the matrices SGLang's fp8 method quantises (attention and MLP / expert
-# projections); the embedding, head, indexer projections and norms stay in the model dtype, the
-# router in fp32.
+# Bytes per element of the matrices SGLang's fp8 method quantises (attention, indexer and MLP / expert
+# projections: the indexer's as rows of the attention's qkv GEMM, ``M3Attention.fuse_qkv_index``); the
+# embedding, head and norms stay in the model dtype, the router in fp32.
 FP8_ELEMENT_BYTES = 1
 # Bytes per router element: the released fp32, which a 2-byte (BF16) model on CUDA holds as three BF16 parts
 # (model.layers.Router).
@@ -60,7 +60,7 @@ def rank_weights(
     h, d = cfg.hidden_size, cfg.head_dim
     heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0)
     attention = h * d * (2 * heads.q_heads + 2 * heads.kv_heads) * q  # q, k, v in; o out
-    indexer = h * cfg.msa.index_dim * (heads.kv_heads + 1) * b  # this rank's index-q heads + the shared index-k
+    indexer = h * cfg.msa.index_dim * (heads.kv_heads + 1) * q  # this rank's index-q heads + the shared index-k
     moe_layers = sum(cfg.moe_layers)
     return RankWeights(
         embed=cfg.vocab_size // tp * h * b,

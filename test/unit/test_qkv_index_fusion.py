@@ -14,6 +14,13 @@ path (two GEMMs, Gemma norms, our RoPE) on the same weights, within bf16 roundin
 rounds the norm's output to bf16 before rotating where the fused kernel rounds once, and the two GEMMs
 may round a projection differently from the one (1 ulp, 2^-8 relative). A wrong head group or offset
 moves values by O(1).
+
+With ``--quantization fp8`` (SGLang's ``Fp8LinearMethod`` quantising the BF16 weight at load, one scale per
+row on its CUTLASS GEMM) the fusion happens before that processing: ``qkv_proj``'s weight becomes the
+concatenation and the indexer's copy is released (checked on CPU). On CUDA the processed fused layer
+against the same layer processed unfused (q / k / v: the same FP8 rows and activation scales, so within
+bf16 roundings) and against its BF16 indexer (index q / k: FP8 against BF16, relative error within 5e-2;
+the index rows are scaled down 10^4 first, which rows sharing the qkv rows' scale would not survive).
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ def test_fused_projection_hands_the_backend_the_same_inputs(rank, ckpt, monkeypa
     for attn in layers:
         want = backend_inputs(attn, x, positions, monkeypatch)
         attn.fuse_qkv_index()
-        fused = attn.qkv_index.weight
+        fused = attn.qkv_index.layer.weight
         assert attn.qkv_proj.weight.data_ptr() == fused.data_ptr()  # views of the one weight
         assert attn.indexer.qk_proj.weight.data_ptr() == fused[attn.qkv_index.split :].data_ptr()
         got = backend_inputs(attn, x, positions, monkeypatch)
@@ -107,15 +114,17 @@ def test_weights_loaded_after_the_fusion_reach_the_fused_gemm(rank, ckpt, monkey
             torch.testing.assert_close(got[name], want[name], **FP32, msg=name)
 
 
-def release_shaped_layer(device: str, dtype: torch.dtype) -> attention.M3Attention:
+def release_shaped_layer(device: str, dtype: torch.dtype, quant_config=None) -> attention.M3Attention:
     """A sparse M3 attention layer with the release's head shapes (4 q heads, 1 KV head), random weights."""
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
     spec = released_text_config("m3-tiny")
     spec.update(hidden_size=256, head_dim=128)
     spec["sparse_attention_config"] = dict(spec["sparse_attention_config"], sparse_index_dim=128)
     cfg = M3Config.from_text_dict(spec, "MiniMaxM3SparseForCausalLM")
     assert attention.fused_norm_rope_fits(cfg) and cfg.sparse_layers[1]
-    with torch.device(device):
-        layer = attention.M3Attention(cfg, 1, prefix="model.layers.1.self_attn")
+    with torch.device(device), set_default_torch_dtype(dtype):
+        layer = attention.M3Attention(cfg, 1, prefix="model.layers.1.self_attn", quant_config=quant_config)
     gen = torch.Generator().manual_seed(2)
     for param in layer.parameters():  # unit-variance projections; norm weights near 0 (Gemma: x (1 + w))
         scale = param.shape[-1] ** -0.5 if param.dim() > 1 else 0.2
@@ -140,3 +149,70 @@ def test_release_shaped_layer_fast_path_matches_its_torch_path(rank, device, mon
     tolerance = BF16 if device == "cuda" else FP32
     for name in INPUTS:
         torch.testing.assert_close(got[name].float(), want[name].float(), **tolerance, msg=name)
+
+
+def test_row_quantised_qkv_takes_the_index_rows_before_it_is_processed(rank):
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    layer = release_shaped_layer("cpu", torch.bfloat16, Fp8Config())
+    qkv, index = layer.qkv_proj.weight.detach().clone(), layer.indexer.qk_proj.weight.detach().clone()
+    layer.fuse_qkv_index()
+    assert layer.qkv_index.layer is layer.qkv_proj and layer.qkv_index.split == qkv.shape[0]
+    assert torch.equal(layer.qkv_proj.weight, torch.cat([qkv, index]))  # what the quant method will process
+    assert layer.indexer.qk_proj.weight.numel() == 0  # the unquantised copy is released
+    layer.fuse_qkv_index()  # twice (loaders may call post_load_weights again): no change
+    assert layer.qkv_proj.weight.shape[0] == qkv.shape[0] + index.shape[0]
+
+    processed = release_shaped_layer("cpu", torch.bfloat16, Fp8Config())
+    processed.qkv_proj.weight.data = processed.qkv_proj.weight.data.to(torch.float8_e4m3fn)
+    processed.fuse_qkv_index()  # a loader that restores already processed weights: left apart
+    assert processed.qkv_index is None and processed.indexer.qk_proj.weight.numel() > 0
+
+
+def test_which_quant_methods_quantise_rows_alone(rank):
+    from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+    from sglang_m3.quant import quantises_rows_alone
+
+    def method(config, **attrs):
+        m = Fp8LinearMethod(config)
+        m.cutlass_fp8_supported = True  # what a Hopper GPU reports
+        for name, value in attrs.items():
+            setattr(m, name, value)
+        return m
+
+    assert quantises_rows_alone(method(Fp8Config()))  # --quantization fp8 on a BF16 checkpoint
+    assert not quantises_rows_alone(method(Fp8Config(), cutlass_fp8_supported=False))  # one scale per tensor
+    assert not quantises_rows_alone(method(Fp8Config(), use_marlin=True))  # sized from the declared widths
+    assert not quantises_rows_alone(method(Fp8Config(is_checkpoint_fp8_serialized=True)))  # the checkpoint's scales
+    block = Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128])
+    assert not quantises_rows_alone(method(block))
+    assert not quantises_rows_alone(UnquantizedLinearMethod())
+
+
+@pytest.mark.gpu
+def test_fp8_fused_projection_matches_the_separate_ones(rank, monkeypatch):
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang_m3.quant import quantises_rows_alone
+
+    slow = release_shaped_layer("cuda", torch.bfloat16, Fp8Config())
+    slow.indexer.qk_proj.weight.data *= 1e-4  # far below the q / k / v rows: needs scales of its own
+    attention.use_fused_norm_rope([slow], slow.rope.cos_sin_table(8192))
+    fast = copy.deepcopy(slow)
+    assert quantises_rows_alone(fast.qkv_proj.quant_method)
+    fast.fuse_qkv_index()
+    for layer in (slow, fast):  # what SGLang's loader does after post_load_weights
+        for module in layer.modules():
+            if getattr(module, "quant_method", None) is not None:
+                module.quant_method.process_weights_after_loading(module)
+    assert fast.qkv_proj.weight.dtype == torch.float8_e4m3fn and slow.indexer.qk_proj.weight.dtype == torch.bfloat16
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 256, generator=gen).to("cuda", torch.bfloat16)
+    positions = torch.tensor([0, 7, 300, 4095, 8191], device="cuda")
+    want = backend_inputs(slow, x, positions, monkeypatch)
+    got = backend_inputs(fast, x, positions, monkeypatch)
+    for name in ("q", "k", "v"):
+        torch.testing.assert_close(got[name].float(), want[name].float(), **BF16, msg=name)
+    for name in ("index_q", "index_k"):
+        error = (got[name].float() - want[name].float()).norm() / want[name].float().norm()
+        assert error < 5e-2, (name, error.item())

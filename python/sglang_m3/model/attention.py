@@ -17,6 +17,7 @@ from sglang.srt.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from torch import nn
@@ -30,8 +31,9 @@ class Indexer(nn.Module):
     """``index_q [T, H_idx, D_idx]`` (this rank's index heads: one per local KV group) and the
     shared ``index_k [T, D_idx]`` (replicated), normed and rotated. One GEMM projects both
     (``qk_proj``: this rank's q heads' rows of ``index_q_proj``, then ``index_k_proj``), or, on CUDA
-    in half precision beside an unquantised ``qkv_proj``, the attention's qkv GEMM projects them too
-    (``M3Attention.fuse_qkv_index``). Unquantised: its scores pick the pages."""
+    in half precision beside an unquantised ``qkv_proj`` or one quantised row by row, the attention's
+    qkv GEMM projects them too (``M3Attention.fuse_qkv_index``). Unquantised on its own: its scores pick
+    the pages."""
 
     def __init__(self, cfg: M3Config, heads: RankHeads, rope: PartialNeoxRope, prefix: str):
         super().__init__()
@@ -113,13 +115,13 @@ class M3Attention(nn.Module):
         )
         # Set by ``use_fused_norm_rope`` (CUDA, half precision): the cos/sin table of SGLang's fused kernel.
         self.cos_sin_table: torch.Tensor | None = None
-        # Set by ``fuse_qkv_index``: the one weight of both projections and where the indexer's rows start.
+        # Set by ``fuse_qkv_index``: the layer whose weight holds both projections, where the indexer's rows start.
         self.qkv_index: SimpleNamespace | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch) -> torch.Tensor:
         T = x.shape[0]
         if self.qkv_index is not None:  # one GEMM: [q | k | v | index q | index k]
-            out = self.qkv_proj.quant_method.apply(self.qkv_index, x)
+            out = self.qkv_proj.quant_method.apply(self.qkv_index.layer, x)
             qkv, index_qk = out[:, : self.qkv_index.split], out[:, self.qkv_index.split :]
         else:
             out = qkv = self.qkv_proj(x)[0]
@@ -148,15 +150,25 @@ class M3Attention(nn.Module):
     def fuse_qkv_index(self) -> None:
         """Project q / k / v and the indexer's q / k with one GEMM, as SGLang's own M3 path does for
         unquantised weights: at decode sizes the indexer's narrow GEMM and its own norm launch cost more
-        than the bytes they read. The two weights are concatenated into one tensor and both layers'
-        parameters become views of it (no extra memory; a later weight load writes through); the
-        concatenation runs ``qkv_proj``'s quant method (unquantised: SGLang's GEMM dispatch)."""
+        than the bytes they read. The two weights are concatenated into one tensor and run through
+        ``qkv_proj``'s quant method. Unquantised (SGLang's GEMM dispatch): both layers' parameters become
+        views of it (no extra memory; a later weight load writes through). A method that quantises each
+        row of the weight on its own scale as it processes it (``quant.quantises_rows_alone``; called
+        before that) gets the concatenation as ``qkv_proj``'s weight, so the index rows become FP8 rows of
+        the one GEMM with their own scales and the indexer's unquantised copy is released."""
         if self.indexer is None or self.qkv_index is not None:
             return
         qkv, index = self.qkv_proj.weight, self.indexer.qk_proj.weight
+        if qkv.dtype != index.dtype:  # already quantised (a loader that restores processed weights)
+            return
         fused = torch.cat([qkv.data, index.data], dim=0)  # [W_qkv + W_index, H]
-        qkv.data, index.data = fused[: qkv.shape[0]], fused[qkv.shape[0] :]
-        self.qkv_index = SimpleNamespace(weight=fused, split=qkv.shape[0])
+        split = qkv.shape[0]
+        if isinstance(self.qkv_proj.quant_method, UnquantizedLinearMethod):
+            qkv.data, index.data = fused[:split], fused[split:]
+            self.qkv_index = SimpleNamespace(layer=SimpleNamespace(weight=fused), split=split)
+        else:
+            qkv.data, index.data = fused, fused.new_empty(0, fused.shape[1])
+            self.qkv_index = SimpleNamespace(layer=self.qkv_proj, split=split)
 
 
 def fused_norm_rope_fits(cfg: M3Config) -> bool:

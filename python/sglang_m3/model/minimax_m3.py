@@ -24,7 +24,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
-from ..quant import check_quantization, keep_block_fp8_on_triton, per_token_moe_activations
+from ..quant import check_quantization, keep_block_fp8_on_triton, per_token_moe_activations, quantises_rows_alone
 from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
@@ -125,9 +125,9 @@ class MiniMaxM3ForCausalLM(nn.Module):
         """After the weights are in place (our ``load_weights`` calls it; SGLang's dummy and sharded loaders
         call it themselves, before quant methods process weights): on CUDA in half precision, attention
         norms and rotates q / k with SGLang's fused kernel, which reads one cos/sin table of every position
-        (fp32, shared by all layers), and sparse layers with an unquantised ``qkv_proj`` project q / k / v
-        and the index q / k with one GEMM. fp32 and CPU models keep the separate layers (the token-exact
-        runs and their torch oracle)."""
+        (fp32, shared by all layers), and sparse layers whose ``qkv_proj`` is unquantised or quantised row by
+        row at load (``--quantization fp8``) project q / k / v and the index q / k with one GEMM. fp32 and
+        CPU models keep the separate layers (the token-exact runs and their torch oracle)."""
         weight = self.model.embed_tokens.weight
         if not (weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16)):
             return
@@ -135,7 +135,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         if fused_norm_rope_fits(self.m3):
             use_fused_norm_rope(attn, attn[0].rope.cos_sin_table(self.m3.max_position_embeddings))
         for layer in attn:
-            if isinstance(layer.qkv_proj.quant_method, UnquantizedLinearMethod):
+            method = layer.qkv_proj.quant_method
+            if isinstance(method, UnquantizedLinearMethod) or quantises_rows_alone(method):
                 layer.fuse_qkv_index()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
