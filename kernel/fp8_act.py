@@ -13,7 +13,8 @@ GEMM. These kernels write it as they compute the value:
 
 Per-token quantisation (``quantise_rows_ref``): ``scale = max(|y|) / 448`` per row in fp32 (a zero row
 gets ``FP8_TINY``), ``q = e4m3(y / scale)`` rounded to nearest even; ``q * scale`` is ``y`` within
-half an e4m3 step. One program per row; nothing here knows about SGLang.
+half an e4m3 step. One program per row, launched with PDL where the GPU has it (``pdl.py``); nothing here
+knows about SGLang.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .kv_quant import _e4m3_round
+from .pdl import INTERPRET, gdc_launch_dependents, gdc_wait, use_pdl
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_TINY = 1e-12  # the scale of an all-zero row (its codes are 0 whatever the scale)
@@ -55,10 +57,13 @@ def swiglu_oai_ref(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.T
 
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
-def _quantise_row(y, cols, mask, q_ptr, scale_ptr, row):
-    """``y``: one row rounded to the activation dtype, held in fp32; ``q_ptr``: that row's start."""
+def _quantise_row(y, cols, mask, q_ptr, scale_ptr, row, EMULATE_RNE: tl.constexpr):
+    """``y``: one row rounded to the activation dtype, held in fp32; ``q_ptr``: that row's start. The cast
+    to e4m3 rounds to nearest even on the GPU; Triton's CPU interpreter does not (``EMULATE_RNE``)."""
     scale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0) / 448.0, 1e-12)
-    q = _e4m3_round(tl.clamp(tl.math.div_rn(y, scale), -448.0, 448.0))
+    q = tl.clamp(tl.math.div_rn(y, scale), -448.0, 448.0)
+    if EMULATE_RNE:
+        q = _e4m3_round(q)
     tl.store(q_ptr + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
 
@@ -81,34 +86,52 @@ def _add_rmsnorm_fp8_kernel(
     HAS_RES: tl.constexpr,
     KEEP: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+    EMULATE_RNE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no kernel before writes it
+    gdc_wait(PDL)
     s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r_ptrs = res_ptr + row * stride_r + cols
         s += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(r_ptrs, s.to(res_ptr.dtype.element_ty), mask=mask)
     inv = tl.math.rsqrt(tl.sum(s * s, axis=0) / N + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (s * inv * (offset + w)).to(x_ptr.dtype.element_ty)
     if KEEP:
         tl.store(y_ptr + row * stride_y + cols, y, mask=mask)
-    _quantise_row(y.to(tl.float32), cols, mask, q_ptr + row * stride_q, scale_ptr, row)
+    _quantise_row(y.to(tl.float32), cols, mask, q_ptr + row * stride_q, scale_ptr, row, EMULATE_RNE)
+    gdc_launch_dependents(PDL)
 
 
 @triton.jit
-def _swiglu_fp8_kernel(gu_ptr, q_ptr, scale_ptr, N, stride_gu, stride_q, alpha, limit, BLOCK: tl.constexpr):
+def _swiglu_fp8_kernel(
+    gu_ptr,
+    q_ptr,
+    scale_ptr,
+    N,
+    stride_gu,
+    stride_q,
+    alpha,
+    limit,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+    EMULATE_RNE: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    gdc_wait(PDL)
     gate = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * stride_gu + N + cols, mask=mask, other=0.0).to(tl.float32)
     gate = tl.minimum(gate, limit)
     up = tl.clamp(up, -limit, limit)
     y = (gate * tl.sigmoid(gate * alpha) * (up + 1.0)).to(gu_ptr.dtype.element_ty)
-    _quantise_row(y.to(tl.float32), cols, mask, q_ptr + row * stride_q, scale_ptr, row)
+    _quantise_row(y.to(tl.float32), cols, mask, q_ptr + row * stride_q, scale_ptr, row, EMULATE_RNE)
+    gdc_launch_dependents(PDL)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -119,8 +142,17 @@ def _outputs(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _warps(block: int) -> int:
-    return max(4, min(16, block // 512))
+def _launch(device: torch.device, block: int) -> dict:
+    """Launch settings: warps for a row of ``block``; programmatic dependent launch where supported
+    (``pdl.py``: the launch and the weight load overlap the previous kernel's tail)."""
+    pdl = use_pdl(device)
+    return dict(
+        BLOCK=block,
+        PDL=pdl,
+        EMULATE_RNE=INTERPRET,
+        num_warps=max(4, min(16, block // 512)),
+        **(dict(launch_pdl=True) if pdl else {}),
+    )
 
 
 def add_rmsnorm_fp8(
@@ -132,7 +164,6 @@ def add_rmsnorm_fp8(
     q, scale = _outputs(rows, n, x.device)
     y = torch.empty_like(x) if keep else q  # ``q`` stands in for an unused pointer
     if rows:
-        block = triton.next_power_of_2(n)
         _add_rmsnorm_fp8_kernel[(rows,)](
             x,
             x if residual is None else residual,
@@ -149,8 +180,7 @@ def add_rmsnorm_fp8(
             offset,
             HAS_RES=residual is not None,
             KEEP=keep,
-            BLOCK=block,
-            num_warps=_warps(block),
+            **_launch(x.device, triton.next_power_of_2(n)),
         )
     return q, scale, (y if keep else None)
 
@@ -160,7 +190,6 @@ def swiglu_fp8(gate_up: torch.Tensor, alpha: float, limit: float) -> tuple[torch
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
     q, scale = _outputs(rows, n, gate_up.device)
     if rows:
-        block = triton.next_power_of_2(n)
         _swiglu_fp8_kernel[(rows,)](
             gate_up,
             q,
@@ -170,7 +199,6 @@ def swiglu_fp8(gate_up: torch.Tensor, alpha: float, limit: float) -> tuple[torch
             q.stride(0),
             alpha,
             limit,
-            BLOCK=block,
-            num_warps=_warps(block),
+            **_launch(gate_up.device, triton.next_power_of_2(n)),
         )
     return q, scale

@@ -195,10 +195,10 @@ def test_fp8_fused_projection_matches_the_separate_ones(rank, monkeypatch):
     from sglang.srt.layers.quantization.fp8 import Fp8Config
     from sglang_m3.quant import quantises_rows_alone
 
-    slow = release_shaped_layer("cuda", torch.bfloat16, Fp8Config())
-    slow.indexer.qk_proj.weight.data *= 1e-4  # far below the q / k / v rows: needs scales of its own
-    attention.use_fused_norm_rope([slow], slow.rope.cos_sin_table(8192))
-    fast = copy.deepcopy(slow)
+    slow, fast = (release_shaped_layer("cuda", torch.bfloat16, Fp8Config()) for _ in range(2))  # same weights
+    for layer in (slow, fast):
+        layer.indexer.qk_proj.weight.data *= 1e-4  # far below the q / k / v rows: needs scales of its own
+        attention.use_fused_norm_rope([layer], layer.rope.cos_sin_table(8192))
     assert quantises_rows_alone(fast.qkv_proj.quant_method)
     fast.fuse_qkv_index()
     for layer in (slow, fast):  # what SGLang's loader does after post_load_weights
