@@ -12,9 +12,7 @@ scores pick the pages). Anything else is refused at start-up naming the method.
 
 Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
 block-FP8 GEMMs: ``keep_block_fp8_on_triton``. MoE layers with per-tensor FP8 weights (``--quantization
-fp8``) quantise their activations per token: ``per_token_moe_activations``. Linears whose input a norm
-or the SwiGLU makes take it already quantised per token from that kernel (``Fp8Rows``,
-``takes_fp8_rows``, ``fp8_rows_gemm``; ``sglang_m3_kernels.fp8_act``).
+fp8``) quantise their activations per token: ``per_token_moe_activations``.
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import NamedTuple
 
-import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -136,63 +132,4 @@ def per_token_quant_info(method, layer: nn.Module):
         per_channel_quant=True,
         w13_scale=info.w13_scale.view(experts, 1).expand(experts, layer.w13_weight.shape[1]),
         w2_scale=info.w2_scale.view(experts, 1).expand(experts, layer.w2_weight.shape[1]),
-    )
-
-
-class Fp8Rows(NamedTuple):
-    """An activation quantised per token, as SGLang's FP8 linear quantises its input before its GEMM
-    (``sglang_per_token_quant_fp8``): e4m3 ``q [T, N]``, fp32 ``scale [T, 1]``; ``value``: the
-    unquantised activation where a layer beside the FP8 one reads it (the MoE's router), else ``None``."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-    value: torch.Tensor | None = None
-
-
-def take_fp8_rows(model: nn.Module) -> int:
-    """Linears that ``quantises_rows_alone`` also take ``Fp8Rows``; returns how many.
-
-    SGLang's FP8 linear quantises its input per token in a kernel of its own before each GEMM
-    (``apply_fp8_linear``); where the norm or the SwiGLU before the layer can write that quantised input
-    itself (``sglang_m3_kernels.fp8_act``), the launch goes. Each such method's ``apply`` is wrapped on
-    its instance (``apply_fp8_rows``) so the layer's own ``forward`` (its all-reduce included) runs
-    either input; SGLang has no entry for a pre-quantised input to a per-row-scaled FP8 linear (its
-    block-FP8 path takes one as a tuple)."""
-    wrapped = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if quantises_rows_alone(method) and getattr(method.apply, "func", None) is not apply_fp8_rows:
-            method.apply = functools.partial(apply_fp8_rows, method)
-            wrapped += 1
-    return wrapped
-
-
-def apply_fp8_rows(method, layer: nn.Module, x, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``Fp8LinearMethod.apply`` that also takes ``Fp8Rows``: then the GEMM SGLang's ``apply_fp8_linear``
-    picks for per-token activations and per-row weight scales (CUTLASS, or its Triton GEMM for shapes
-    CUTLASS does not take or under ``USE_TRITON_W8A8_FP8_KERNEL``) runs on the given rows."""
-    from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
-
-    if not isinstance(x, Fp8Rows):
-        return Fp8LinearMethod.apply(method, layer, x, bias)
-    from sglang.srt.layers.quantization import fp8_utils
-
-    weight, out_dtype = layer.weight, layer.orig_dtype  # the model dtype (``create_weights``)
-    if weight.shape[0] % 16 or weight.shape[1] % 16 or fp8_utils.use_triton_w8a8_fp8_kernel:
-        return fp8_utils.triton_scaled_mm(x.q, weight, x.scale, layer.weight_scale, out_dtype, bias)
-    return fp8_utils.fp8_scaled_mm(x.q, weight, x.scale, layer.weight_scale, out_dtype=out_dtype, bias=bias)
-
-
-def takes_fp8_rows(layer: nn.Module) -> bool:
-    """Whether ``layer`` runs ``apply_fp8_rows`` on weights already processed row by row (FP8, one scale
-    per row). Asked per call (host only; graphs replay without it): weights are processed after the
-    model is built."""
-    method = getattr(layer, "quant_method", None)
-    weight, scale = getattr(layer, "weight", None), getattr(layer, "weight_scale", None)
-    return (
-        getattr(getattr(method, "apply", None), "func", None) is apply_fp8_rows
-        and weight is not None
-        and weight.dtype == torch.float8_e4m3fn
-        and scale is not None
-        and scale.numel() == weight.shape[1]
     )

@@ -24,7 +24,6 @@ from torch import nn
 
 from ..config import M3Config
 from ..parallel import RankHeads, rank_heads
-from ..quant import Fp8Rows, takes_fp8_rows
 from .layers import FUSED_HEAD_DIM, FUSED_ROTARY_DIM, GemmaNorm, PartialNeoxRope, fused_qk_norm_rope
 
 
@@ -119,14 +118,8 @@ class M3Attention(nn.Module):
         # Set by ``fuse_qkv_index``: the layer whose weight holds both projections, where the indexer's rows start.
         self.qkv_index: SimpleNamespace | None = None
 
-    def fp8_input(self) -> bool | None:
-        """``False`` when this layer's one projection GEMM takes its input as ``Fp8Rows`` (FP8 qkv, and
-        no separate unquantised indexer projection), else ``None`` (see ``M3DecoderLayer.norm``)."""
-        one_gemm = self.indexer is None or self.qkv_index is not None
-        return False if one_gemm and takes_fp8_rows(self.qkv_proj) else None
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Rows, forward_batch) -> torch.Tensor:
-        T = (x.q if isinstance(x, Fp8Rows) else x).shape[0]
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch) -> torch.Tensor:
+        T = x.shape[0]
         if self.qkv_index is not None:  # one GEMM: [q | k | v | index q | index k]
             out = self.qkv_proj.quant_method.apply(self.qkv_index.layer, x)
             qkv, index_qk = out[:, : self.qkv_index.split], out[:, self.qkv_index.split :]

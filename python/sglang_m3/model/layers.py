@@ -13,7 +13,7 @@
   fp32 linear layer converts the hidden state every layer and runs cuBLAS's slow fp32 GEMV.
 * ``GemmaNorm`` / ``RMSNorm``: SGLang's norms on CUDA call sgl-kernel, which
   dispatches half types only; fp32 runs (the token-exact checks) take their own
-  native path instead. ``GemmaNorm.fp8_rows`` also quantises its output for an FP8 linear.
+  native path instead.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import torch
 import torch.nn.functional as F
 from sglang.srt.layers import layernorm
 from torch import nn
-
-from ..quant import Fp8Rows
 
 
 class _Fp32Native:
@@ -35,16 +33,6 @@ class _Fp32Native:
 
 class GemmaNorm(_Fp32Native, layernorm.GemmaRMSNorm):
     """``x / rms(x) * (1 + w)`` (M3)."""
-
-    def fp8_rows(self, x: torch.Tensor, residual: torch.Tensor | None, keep: bool) -> tuple[Fp8Rows, torch.Tensor]:
-        """What ``forward`` computes, quantised per token for an FP8 linear by the norm's own kernel
-        (``sglang_m3_kernels.fp8_act``: SGLang has no fused norm + per-token FP8 quantisation on CUDA),
-        with the unquantised value too if ``keep``; and the residual (``x`` itself when ``residual`` is
-        ``None``, else ``residual`` after adding ``x`` in place). CUDA only."""
-        from sglang_m3_kernels.fp8_act import add_rmsnorm_fp8
-
-        q, scale, value = add_rmsnorm_fp8(x, residual, self.weight, self.variance_epsilon, 1.0, keep)
-        return Fp8Rows(q, scale, value), (x if residual is None else residual)
 
 
 class RMSNorm(_Fp32Native, layernorm.RMSNorm):

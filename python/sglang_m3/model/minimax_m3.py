@@ -24,13 +24,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
-from ..quant import (
-    check_quantization,
-    keep_block_fp8_on_triton,
-    per_token_moe_activations,
-    quantises_rows_alone,
-    take_fp8_rows,
-)
+from ..quant import check_quantization, keep_block_fp8_on_triton, per_token_moe_activations, quantises_rows_alone
 from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
@@ -56,21 +50,13 @@ class M3DecoderLayer(nn.Module):
         """``hidden``: the previous layer's output, ``residual``: the sum before it (``None`` at layer 0,
         where ``hidden`` is the embeddings). Each norm adds its input to the residual first (one fused
         kernel on CUDA). Returns this layer's (output, residual); their sum is the layer's pre-norm output."""
-        hidden, residual = self.norm(self.input_layernorm, hidden, residual, self.self_attn.fp8_input())
-        hidden = self.self_attn(positions, hidden, forward_batch)
-        hidden, residual = self.norm(self.post_attention_layernorm, hidden, residual, self.mlp.fp8_input())
-        return self.mlp(hidden), residual
-
-    @staticmethod
-    def norm(norm: GemmaNorm, hidden, residual, fp8_input: bool | None):
-        """``(norm(hidden + residual), hidden + residual)``; the normed value as ``Fp8Rows`` when the next
-        block's first GEMM takes it so (``fp8_input`` not ``None``; ``True``: with the value itself, which
-        a layer beside it reads unquantised), made by the norm's kernel."""
-        if fp8_input is not None:
-            return norm.fp8_rows(hidden, residual, keep=fp8_input)
         if residual is None:
-            return norm(hidden), hidden
-        return norm(hidden, residual)
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class M3Model(nn.Module):
@@ -110,7 +96,6 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self.model = M3Model(self.m3, quant_config=quant_config)
         keep_block_fp8_on_triton(self.model, quant_config)
         per_token_moe_activations(self.model, quant_config)
-        take_fp8_rows(self.model)
         if self.m3.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:

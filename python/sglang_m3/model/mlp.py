@@ -33,11 +33,9 @@ from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopK
 from sglang.srt.model_executor.runner import get_is_capture_mode
 from sglang.srt.runtime_context import get_exec, get_parallel, get_stream
-from sglang_m3_kernels.fp8_act import swiglu_fp8
 from torch import nn
 
 from ..config import M3Config
-from ..quant import Fp8Rows, takes_fp8_rows
 from .layers import Router, split_router, swiglu, swiglu_oai
 
 SIDE_STREAM_MAX_TOKENS = 1024  # SGLang's DUAL_STREAM_TOKEN_THRESHOLD for its MoE models' shared experts
@@ -69,18 +67,9 @@ class DenseMLP(nn.Module):
             prefix=f"{prefix}.down_proj",
         )
 
-    def fp8_input(self) -> bool | None:
-        """``False`` when ``gate_up_proj`` takes its input as ``Fp8Rows`` (``--quantization fp8``), else
-        ``None`` (see ``M3DecoderLayer.norm``)."""
-        return False if takes_fp8_rows(self.gate_up_proj) else None
-
-    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)  # [T, 2I/tp]
-        if takes_fp8_rows(self.down_proj):  # the SwiGLU's kernel quantises its output for the FP8 GEMM
-            h = Fp8Rows(*swiglu_fp8(gate_up, self.alpha, self.limit))
-        else:
-            h = swiglu(gate_up, self.alpha, self.limit)
-        out, _ = self.down_proj(h)  # [T, H]
+        out, _ = self.down_proj(swiglu(gate_up, self.alpha, self.limit))  # [T, H]
         return out
 
 
@@ -155,21 +144,15 @@ class MoE(nn.Module):
         side = not fused and torch.get_default_device().type == "cuda" and os.environ.get(SIDE_STREAM_ENV) != "0"
         self.side_stream = get_stream("alt") if side else None  # created here: not while a graph is captured
 
-    def fp8_input(self) -> bool | None:
-        """``True`` when the shared expert takes its input as ``Fp8Rows`` (the router and the routed
-        experts read the unquantised value beside it), else ``None`` (see ``M3DecoderLayer.norm``)."""
-        return True if self.shared_experts is not None and self.shared_experts.fp8_input() is not None else None
-
-    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
-        rows, x = (x, x.value) if isinstance(x, Fp8Rows) else (x, x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         main = torch.cuda.current_stream() if x.is_cuda else None
         side = self.side_stream if x.shape[0] <= SIDE_STREAM_MAX_TOKENS and get_is_capture_mode() else None
         if side is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                shared = self.shared_experts(rows)  # [T, H]: this rank's part
+                shared = self.shared_experts(x)  # [T, H]: this rank's part
         else:
-            shared = None if self.shared_experts is None else self.shared_experts(rows)
+            shared = None if self.shared_experts is None else self.shared_experts(x)
         logits = self.gate(x)  # [T, E] fp32
         if x.is_cuda and x.dtype != torch.float32:
             out = self.experts(x, self.topk(x, logits))  # weights x routed_scaling inside
