@@ -23,7 +23,7 @@ GPU_ARGS = dict(
     max_total_tokens=8192,
     mem_fraction_static=0.5,
 )
-FP8_WEIGHT_ERROR_BOUND = 0.5  # mean |d log-prob| of FP8 weights vs BF16 on the tiny M3 (H100: 0.302)
+FP8_WEIGHT_ERROR_BOUND = 0.5  # mean |d log-prob| of FP8 weights vs BF16 on the tiny M3 (H100: 0.303)
 
 
 @pytest.fixture(scope="module")
