@@ -16,8 +16,9 @@ from .parallel import rank_heads
 
 GIB = 1 << 30
 # Bytes per element of the matrices SGLang's fp8 method quantises (attention, indexer and MLP / expert
-# projections: the indexer's as rows of the attention's qkv GEMM, ``M3Attention.fuse_qkv_index``); the
-# embedding, head and norms stay in the model dtype, the router in fp32.
+# projections: the indexer's as rows of the attention's qkv GEMM, ``M3Attention.fuse_qkv_index``, on GPUs
+# with SGLang's CUTLASS FP8 GEMM, sm_89+); the embedding, head and norms stay in the model dtype, the
+# router in fp32.
 FP8_ELEMENT_BYTES = 1
 # Bytes per router element: the released fp32, which a 2-byte (BF16) model on CUDA holds as three BF16 parts
 # (model.layers.Router).
