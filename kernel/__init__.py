@@ -1,4 +1,4 @@
-"""Triton kernels for MiniMax-M3, each beside its PyTorch reference; no SGLang imports.
+"""Triton kernels for MiniMax-M3 sparse attention, each beside its PyTorch reference; no SGLang imports.
 
 Modules: ``paged`` (page-table addressing contract), ``kv_quant`` (FP8 / NVFP4 references and
 the fused quantise-and-store ``kv_store``, and ``kv_store_many`` for a layer's K, V and index-K
@@ -6,7 +6,6 @@ in one launch), ``msa_index_topk`` (indexer block scores + top-k:
 ``msa_topk_ref`` / ``msa_topk``, knobs in ``TopkSettings``), ``msa_sparse_attn`` (block-sparse
 or dense paged GQA attention: ``msa_attention_ref`` / ``msa_attention``, knobs in
 ``AttentionSettings``). The Triton bodies of the last two are in ``*_triton.py`` beside them;
-``pdl`` holds the programmatic-dependent-launch helpers they use. ``fp8_gemv``: a weight-only FP8 GEMV
-for up to 16 tokens (``fp8_gemv_ref`` / ``fp8_gemv``), for M3's FP8 linears. Timings:
+``pdl`` holds the programmatic-dependent-launch helpers both use. Timings:
 ``benchmarks/kernels.md``; tuning conclusions: ``docs/perf-notes.md``.
 """

@@ -12,8 +12,7 @@ scores pick the pages). Anything else is refused at start-up naming the method.
 
 Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
 block-FP8 GEMMs: ``keep_block_fp8_on_triton``. MoE layers with per-tensor FP8 weights (``--quantization
-fp8``) quantise their activations per token: ``per_token_moe_activations``. Linears quantised row by
-row run a weight-only FP8 GEMV of our own for up to ``FP8_GEMV_MAX_TOKENS`` tokens: ``fp8_gemv_for_few_tokens``.
+fp8``) quantise their activations per token: ``per_token_moe_activations``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 
 from torch import nn
 
@@ -29,8 +27,6 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_QUANTIZATION = ("fp8",)
 KERNEL_BLOCK = [128, 128]  # the only block size SGLang's DeepGEMM / CUTLASS / FlashInfer FP8 paths read
-FP8_GEMV_MAX_TOKENS = 16  # tokens up to which ``fp8_gemv_for_few_tokens`` runs our GEMV
-FP8_GEMV_ENV = "SGLANG_M3_FP8_GEMV"  # "0": SGLang's GEMM at every size (the A/B switch)
 
 
 def check_quantization(quant_config) -> None:
@@ -137,44 +133,3 @@ def per_token_quant_info(method, layer: nn.Module):
         w13_scale=info.w13_scale.view(experts, 1).expand(experts, layer.w13_weight.shape[1]),
         w2_scale=info.w2_scale.view(experts, 1).expand(experts, layer.w2_weight.shape[1]),
     )
-
-
-def fp8_gemv_for_few_tokens(model: nn.Module) -> int:
-    """Linears that ``quantises_rows_alone`` run ``sglang_m3_kernels.fp8_gemv`` for up to
-    ``FP8_GEMV_MAX_TOKENS`` tokens on CUDA; returns how many were switched (none when ``FP8_GEMV_ENV=0``).
-
-    SGLang's FP8 linear quantises its input per token (one launch) and runs CUTLASS's w8a8 GEMM, whose
-    tiles are built for many rows: at one token the pair took 1.14-1.41x the time the weight bytes take
-    to stream (one H100, ``docs/perf-notes.md``), and SGLang 0.5.17 has no FP8 GEMV. Ours streams the
-    weight at up to 16 tokens, keeping the activation unquantised (weight-only FP8). Each such method's
-    ``apply`` is wrapped on its instance (``apply_fp8_gemv``), so the layer's own ``forward`` (its
-    all-reduce included) is SGLang's; more tokens, or an input the GEMV does not take, go to SGLang's."""
-    if os.environ.get(FP8_GEMV_ENV) == "0":
-        return 0
-    switched = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if quantises_rows_alone(method) and getattr(method.apply, "func", None) is not apply_fp8_gemv:
-            method.apply = functools.partial(apply_fp8_gemv, method)
-            switched += 1
-    return switched
-
-
-def apply_fp8_gemv(method, layer: nn.Module, x, bias=None):
-    """``Fp8LinearMethod.apply`` with our GEMV for a few bf16 / fp16 tokens on a processed (e4m3) weight."""
-    import torch
-
-    tokens = x.numel() // x.shape[-1]
-    weight = layer.weight  # SGLang keeps [K, N]: the transpose of an [N, K] e4m3 tensor, one scale per N
-    if (
-        bias is None
-        and x.is_cuda
-        and 1 <= tokens <= FP8_GEMV_MAX_TOKENS
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == torch.float8_e4m3fn
-    ):
-        from sglang_m3_kernels.fp8_gemv import fp8_gemv
-
-        out = fp8_gemv(x.reshape(tokens, x.shape[-1]), weight.t(), layer.weight_scale.reshape(-1))
-        return out.view(*x.shape[:-1], out.shape[-1])
-    return type(method).apply(method, layer, x, bias)

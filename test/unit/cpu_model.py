@@ -55,15 +55,3 @@ def build_model(path, dtype: torch.dtype, tensors: dict[str, torch.Tensor] | Non
         model = MiniMaxM3ForCausalLM(config, quant_config=qc and Fp8Config.from_config(qc))
     model.load_weights((checkpoint_tensors(path) if tensors is None else tensors).items())
     return model
-
-
-def build_online_fp8_model(path):
-    """``MiniMaxM3ForCausalLM`` as ``--quantization fp8`` builds it from the BF16 checkpoint at ``path``
-    (``Fp8Config()``: weights made FP8 at load), unloaded, in bf16. Inside ``one_rank``."""
-    from sglang.srt.layers.quantization.fp8 import Fp8Config
-    from sglang.srt.model_loader.utils import set_default_torch_dtype
-    from sglang_m3.model.minimax_m3 import MiniMaxM3ForCausalLM
-    from transformers import AutoConfig
-
-    with set_default_torch_dtype(torch.bfloat16):
-        return MiniMaxM3ForCausalLM(AutoConfig.from_pretrained(path), quant_config=Fp8Config())

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cpu_model import build_online_fp8_model, one_rank
+from cpu_model import one_rank
 from sglang_m3.tiny import default_checkpoint
 from sglang_m3.tiny.fp8 import FP8_MAX
 
@@ -25,9 +25,14 @@ from sglang_m3.tiny.fp8 import FP8_MAX
 @pytest.fixture(scope="module")
 def fp8_model():
     """The tiny M3 built on CPU as ``--quantization fp8`` builds it (BF16 checkpoint, weights made FP8 at load)."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang_m3.model.minimax_m3 import MiniMaxM3ForCausalLM
+    from transformers import AutoConfig
+
     path = default_checkpoint("m3-tiny", "vl")
-    with one_rank(path):
-        yield build_online_fp8_model(path)
+    with one_rank(path), set_default_torch_dtype(torch.bfloat16):
+        yield MiniMaxM3ForCausalLM(AutoConfig.from_pretrained(path), quant_config=Fp8Config())
 
 
 def moe_layers(model):

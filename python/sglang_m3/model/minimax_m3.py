@@ -24,13 +24,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from torch import nn
 
 from ..config import M3Config, aux_capture_inputs
-from ..quant import (
-    check_quantization,
-    fp8_gemv_for_few_tokens,
-    keep_block_fp8_on_triton,
-    per_token_moe_activations,
-    quantises_rows_alone,
-)
+from ..quant import check_quantization, keep_block_fp8_on_triton, per_token_moe_activations, quantises_rows_alone
 from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
@@ -102,7 +96,6 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self.model = M3Model(self.m3, quant_config=quant_config)
         keep_block_fp8_on_triton(self.model, quant_config)
         per_token_moe_activations(self.model, quant_config)
-        fp8_gemv_for_few_tokens(self.model)
         if self.m3.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
