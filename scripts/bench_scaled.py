@@ -69,7 +69,9 @@ SIDE_STREAM_ENV = "SGLANG_M3_SHARED_EXPERT_STREAM"  # sglang_m3.model.mlp's (imp
 # Start-up lines kept per impl: weights and KV per rank, token capacity, which fused-MoE configs ran
 STARTUP_MARKS = ("sglang-m3 per rank", "Load weight end", "max_total_num_tokens", "MoE kernel config", "tuned for M3")
 IMPL_FLAGS = {("fused-shared", False), ("one-stream", False), ("tuned-moe", True)}  # (flag, on stock)
-# Kernel-name patterns -> component of a decode step (first match wins).
+# Kernel-name patterns -> component of a decode step (first match wins). torch's own gathers
+# (``at::native::index_elementwise_kernel``, ``indexSelectSmallIndex``) are "other", not the MSA indexer.
+TORCH_GATHERS = ("at::native::index", "at::native::(anonymous namespace)::indexselect")
 COMPONENTS = (
     ("moe", ("fused_moe", "moe_", "topk_sigmoid", "align_block", "moe_sum", "_moe", "expert")),
     ("indexer", ("index", "topk", "select", "score")),
@@ -293,10 +295,21 @@ def profile_decode(
     return summarise_trace(trace, steps)
 
 
+def component(name: str) -> str:
+    """The decode-step component a kernel's name belongs to."""
+    low = name.lower()
+    if low.removeprefix("void ").startswith(TORCH_GATHERS):
+        return "other"
+    return next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
+
+
 def summarise_trace(path: pathlib.Path, steps: int) -> dict:
-    """ms per step: GPU kernel time per component, and host gaps (the span no kernel ran in); kernel
-    launches per step per component (at small batches the step's many short kernels are much of it),
-    and each kernel's launches and time per step."""
+    """ms per step: GPU busy time per component, and host gaps (the span no kernel ran in): they add up
+    to the step. Where kernels overlap (a side stream, a kernel launched programmatically before the one
+    ahead of it ends, its wait then inside its duration), each instant goes to the kernel that started
+    first, so ``kernels`` (each kernel's launches and summed durations per step) can add up to more.
+    Also kernel launches per step per component (at small batches the step's many short kernels are much
+    of it)."""
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     if not kernels:
@@ -305,13 +318,13 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     launches = dict.fromkeys(per, 0)
     top, count, busy, edge = {}, {}, 0.0, kernels[0][0]
     for ts, dur, name in kernels:
-        low = name.lower()
-        part = next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
-        per[part] += dur
+        part = component(name)
+        own = max(0.0, ts + dur - max(ts, edge))  # the part of this kernel no earlier kernel covers
+        per[part] += own
+        busy += own
         launches[part] += 1
         top[name] = top.get(name, 0.0) + dur
         count[name] = count.get(name, 0) + 1
-        busy += max(0.0, ts + dur - max(ts, edge))
         edge = max(edge, ts + dur)
     span = edge - kernels[0][0]
     out = {k: v / 1e3 / steps for k, v in per.items()}

@@ -89,6 +89,26 @@ def test_trace_reduction(bench, tmp_path):
     assert ["elementwise_add", 1.0, 10.0] in out["kernels"] and len(out["kernels"]) == 6
 
 
+def test_trace_reduction_credits_overlap_once_and_torch_gathers_to_other(bench, tmp_path):
+    kernels = [
+        ("nvjet_tst_gemm", 0, 100),  # the main stream
+        ("cutlass_gemm_side", 40, 100),  # a side stream: its first 60 us overlap the GEMM above
+        ("_block_score_kernel", 130, 30),  # launched early (PDL): waits 10 us inside the side GEMM
+        ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<x>>", 160, 10),
+        ("void at::native::(anonymous namespace)::indexSelectSmallIndex<float>", 170, 10),
+    ]
+    events = [{"cat": "kernel", "name": n, "ts": ts, "dur": d, "ph": "X"} for n, ts, d in kernels]
+    path = tmp_path / "t.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    out = bench["summarise_trace"](path, steps=1)
+    assert out["gemm"] == pytest.approx(0.14) and out["indexer"] == pytest.approx(0.02)
+    assert out["other"] == pytest.approx(0.02) and out["host_gaps"] == 0
+    parts = sum(out[k] for k in ("moe", "indexer", "norm", "attention", "gemm", "sampling", "other"))
+    assert parts + out["host_gaps"] == pytest.approx(out["step"]) == pytest.approx(0.18)
+    assert ["cutlass_gemm_side", 1.0, 100.0] in out["kernels"]  # durations stay whole there
+    assert ["_block_score_kernel", 1.0, 30.0] in out["kernels"]
+
+
 @pytest.mark.parametrize("impl", ["stock+fused-shared", "ours+tuned-moe", "stock+one-stream", "ours+two-streams"])
 def test_unknown_impl_flags_are_refused_before_any_engine_starts(bench, impl):
     with pytest.raises(SystemExit, match=r"--impls: unknown '.*\+"):
