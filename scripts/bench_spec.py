@@ -263,11 +263,6 @@ def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int, shape
 # -- trace reduction -------------------------------------------------------------------------
 
 
-def _component(name: str) -> str:
-    low = name.lower()
-    return next((c for c, keys in scaled.COMPONENTS if any(k in low for k in keys)), "other")
-
-
 def graph_launches(events: list[dict]) -> tuple[list[dict], dict]:
     """Per ``cudaGraphLaunch`` (in launch order): the GPU work linked to it by ``args.correlation``:
     ``start`` / ``end`` (us), ``span`` (end - start), ``busy`` (sum of durations), ``kernels`` (count),
@@ -297,7 +292,7 @@ def graph_launches(events: list[dict]) -> tuple[list[dict], dict]:
         a["end"] = ts + dur if a["end"] is None else max(a["end"], ts + dur)
         a["busy"] += dur
         a["kernels"] += 1
-        part = _component(str(e.get("name", "")))
+        part = scaled.component(str(e.get("name", "")))
         a["parts"][part] = a["parts"].get(part, 0.0) + dur
     launches = [dict(a, span=a["end"] - a["start"]) for a in acc if a["kernels"]]
     return launches, eager
