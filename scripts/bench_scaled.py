@@ -316,19 +316,17 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
         return {"error": "no kernel events in the trace"}
     per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
     launches = dict.fromkeys(per, 0)
-    top, count, busy, edge = {}, {}, 0.0, kernels[0][0]
+    top, count, edge = {}, {}, kernels[0][0]
     for ts, dur, name in kernels:
         part = component(name)
-        own = max(0.0, ts + dur - max(ts, edge))  # the part of this kernel no earlier kernel covers
-        per[part] += own
-        busy += own
+        per[part] += max(0.0, ts + dur - max(ts, edge))  # the part of this kernel no earlier kernel covers
         launches[part] += 1
         top[name] = top.get(name, 0.0) + dur
         count[name] = count.get(name, 0) + 1
         edge = max(edge, ts + dur)
     span = edge - kernels[0][0]
     out = {k: v / 1e3 / steps for k, v in per.items()}
-    out["host_gaps"] = (span - busy) / 1e3 / steps
+    out["host_gaps"] = (span - sum(per.values())) / 1e3 / steps
     out["step"] = span / 1e3 / steps
     ranked = sorted(top.items(), key=lambda x: -x[1])  # longest first
     out["top_kernels"] = {k[:90]: round(v / 1e3 / steps, 4) for k, v in ranked[:12]}
