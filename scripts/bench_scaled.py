@@ -303,28 +303,37 @@ def component(name: str) -> str:
     return next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "other")
 
 
+def busy_parts(kernels: list[tuple[float, float, str]]) -> dict[str, float]:
+    """GPU busy time (us) per component of ``kernels`` (``(start, duration, name)``, sorted by start):
+    where kernels overlap (a side stream, a kernel launched programmatically before the one ahead of it
+    ends, its wait then inside its duration) each instant goes to the kernel that started first, so the
+    parts add up to the time the GPU was busy."""
+    per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
+    edge = kernels[0][0] if kernels else 0.0
+    for ts, dur, name in kernels:
+        per[component(name)] += max(0.0, ts + dur - max(ts, edge))  # the part no earlier kernel covers
+        edge = max(edge, ts + dur)
+    return per
+
+
 def summarise_trace(path: pathlib.Path, steps: int) -> dict:
-    """ms per step: GPU busy time per component, and host gaps (the span no kernel ran in): they add up
-    to the step. Where kernels overlap (a side stream, a kernel launched programmatically before the one
-    ahead of it ends, its wait then inside its duration), each instant goes to the kernel that started
-    first, so ``kernels`` (each kernel's launches and summed durations per step) can add up to more.
+    """ms per step: GPU busy time per component (``busy_parts``), and host gaps (the span no kernel ran
+    in): they add up to the step; ``kernels`` (each kernel's launches and summed durations per step) can
+    add up to more where kernels overlap.
     Also kernel launches per step per component (at small batches the step's many short kernels are much
     of it)."""
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     if not kernels:
         return {"error": "no kernel events in the trace"}
-    per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
+    per = busy_parts(kernels)
     launches = dict.fromkeys(per, 0)
-    top, count, edge = {}, {}, kernels[0][0]
+    top, count = {}, {}
     for ts, dur, name in kernels:
-        part = component(name)
-        per[part] += max(0.0, ts + dur - max(ts, edge))  # the part of this kernel no earlier kernel covers
-        launches[part] += 1
+        launches[component(name)] += 1
         top[name] = top.get(name, 0.0) + dur
         count[name] = count.get(name, 0) + 1
-        edge = max(edge, ts + dur)
-    span = edge - kernels[0][0]
+    span = max(ts + dur for ts, dur, _ in kernels) - kernels[0][0]
     out = {k: v / 1e3 / steps for k, v in per.items()}
     out["host_gaps"] = (span - sum(per.values())) / 1e3 / steps
     out["step"] = span / 1e3 / steps

@@ -265,37 +265,34 @@ def trace_steps(engine, prompts, new, trace_dir: pathlib.Path, steps: int, shape
 
 def graph_launches(events: list[dict]) -> tuple[list[dict], dict]:
     """Per ``cudaGraphLaunch`` (in launch order): the GPU work linked to it by ``args.correlation``:
-    ``start`` / ``end`` (us), ``span`` (end - start), ``busy`` (sum of durations), ``kernels`` (count),
-    ``parts`` (us per ``bench_scaled.COMPONENTS`` component). Launches with no GPU work recorded (the
-    trace stopped before they ran) are left out. Also the GPU work linked to no graph launch:
-    ``{"busy": us, "kernels": n, "events": [(start, end), ...]}``."""
+    ``start`` / ``end`` (us), ``span`` (end - start), ``busy`` (GPU busy time), ``kernels`` (count),
+    ``parts`` (busy us per ``bench_scaled.COMPONENTS`` component, ``bench_scaled.busy_parts``: where
+    kernels overlap each instant counts once). Launches with no GPU work recorded (the trace stopped
+    before they ran) are left out. Also the GPU work linked to no graph launch:
+    ``{"kernels": n, "events": [(start, duration, name), ...]}``."""
     runtime = sorted(
         (e for e in events if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith("cudaGraphLaunch")),
         key=lambda e: e["ts"],
     )
     by_corr = {e.get("args", {}).get("correlation"): i for i, e in enumerate(runtime)}
     by_corr.pop(None, None)
-    acc = [dict(start=None, end=None, busy=0.0, kernels=0, parts={}) for _ in runtime]
-    eager = dict(busy=0.0, kernels=0, events=[])
+    work = [[] for _ in runtime]
+    eager = []
     for e in events:
         if e.get("cat") not in GPU_CATS or "dur" not in e:
             continue
-        ts, dur = float(e["ts"]), float(e["dur"])
         i = by_corr.get(e.get("args", {}).get("correlation"))
-        if i is None:
-            eager["busy"] += dur
-            eager["kernels"] += 1
-            eager["events"].append((ts, ts + dur))
-            continue
-        a = acc[i]
-        a["start"] = ts if a["start"] is None else min(a["start"], ts)
-        a["end"] = ts + dur if a["end"] is None else max(a["end"], ts + dur)
-        a["busy"] += dur
-        a["kernels"] += 1
-        part = scaled.component(str(e.get("name", "")))
-        a["parts"][part] = a["parts"].get(part, 0.0) + dur
-    launches = [dict(a, span=a["end"] - a["start"]) for a in acc if a["kernels"]]
-    return launches, eager
+        (eager if i is None else work[i]).append((float(e["ts"]), float(e["dur"]), str(e.get("name", ""))))
+    launches = []
+    for kernels in filter(None, work):
+        kernels.sort()
+        present = {scaled.component(name) for _, _, name in kernels}  # a part even when wholly overlapped
+        parts = {c: us for c, us in scaled.busy_parts(kernels).items() if c in present}
+        start, end = kernels[0][0], max(ts + dur for ts, dur, _ in kernels)
+        launches.append(
+            dict(start=start, end=end, span=end - start, busy=sum(parts.values()), kernels=len(kernels), parts=parts)
+        )
+    return launches, dict(kernels=len(eager), events=sorted(eager))
 
 
 def step_phases(launches: list[dict], eager: dict | None = None, names=SPEC_PHASES) -> dict:
@@ -346,8 +343,8 @@ def step_phases(launches: list[dict], eager: dict | None = None, names=SPEC_PHAS
         out["gpu_step"] = (firsts[-1] - firsts[0]) / (steps - 1) / 1e3  # profiler-inflated host gaps included
     if eager is not None:
         lo, hi = body[0]["start"], body[-1]["end"]
-        inside = [(s, e) for s, e in eager["events"] if lo <= s <= hi]
-        out["eager_gpu"] = sum(e - s for s, e in inside) / steps / 1e3
+        inside = [k for k in eager["events"] if lo <= k[0] <= hi]
+        out["eager_gpu"] = sum(scaled.busy_parts(inside).values()) / steps / 1e3
         out["eager_kernels"] = len(inside) / steps
     return out
 

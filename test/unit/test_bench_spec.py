@@ -74,6 +74,25 @@ def test_verify_is_the_launch_with_moe_kernels(bench):
         bench["step_phases"](bench["graph_launches"](_events((125, 119, 68), 3, ["fused_moe", "fused_moe", "g"]))[0])
 
 
+def test_overlapping_kernels_count_once(bench):
+    """A verify's shared expert on a side stream overlaps its MoE kernels: the launch's busy time and
+    parts count each instant once (to the kernel that started first), and a MoE kernel wholly under an
+    earlier one still marks the launch as the verify."""
+    ev, step = [], [[("gemm", 0, 10)], [("gemm", 20, 30), ("fused_moe_kernel", 25, 5)], [("g", 60, 5)]]
+    for corr, kernels in enumerate(step):
+        args = {"correlation": corr}
+        ev.append({"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": kernels[0][1], "args": args})
+        ev += [{"cat": "kernel", "name": n, "ts": ts, "dur": d, "args": args} for n, ts, d in kernels]
+    ev.append({"cat": "kernel", "name": "sampling", "ts": 62, "dur": 8, "args": {}})  # eager, overlaps the last
+    ev.append({"cat": "kernel", "name": "sampling", "ts": 64, "dur": 2, "args": {}})
+    launches, eager = bench["graph_launches"](ev)
+    assert [x["busy"] for x in launches] == [10, 30, 5] and launches[1]["span"] == 30
+    assert launches[1]["parts"] == {"gemm": 30, "moe": 0}
+    out = bench["step_phases"](launches, eager)
+    assert out["kernels"]["verify"] == 2 and out["verify_busy"] == pytest.approx(0.03)
+    assert out["eager_gpu"] == pytest.approx(0.008) and out["eager_kernels"] == 2
+
+
 def test_projection(bench):
     costs = bench["layer_costs"]([(1, 3, 10.0), (1, 7, 18.0)], 0.5)
     assert costs["per_sparse"] == pytest.approx(2.0) and costs["per_dense"] == pytest.approx(1.0)
