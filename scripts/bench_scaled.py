@@ -307,11 +307,13 @@ def busy_parts(kernels: list[tuple[float, float, str]]) -> dict[str, float]:
     """GPU busy time (us) per component of ``kernels`` (``(start, duration, name)``, sorted by start):
     where kernels overlap (a side stream, a kernel launched programmatically before the one ahead of it
     ends, its wait then inside its duration) each instant goes to the kernel that started first, so the
-    parts add up to the time the GPU was busy."""
-    per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0}
+    parts add up to the time the GPU was busy. Every component with a kernel has a part, 0 where wholly
+    overlapped."""
+    per = {}
     edge = kernels[0][0] if kernels else 0.0
     for ts, dur, name in kernels:
-        per[component(name)] += max(0.0, ts + dur - max(ts, edge))  # the part no earlier kernel covers
+        part = component(name)
+        per[part] = per.get(part, 0.0) + max(0.0, ts + dur - max(ts, edge))  # what no earlier kernel covers
         edge = max(edge, ts + dur)
     return per
 
@@ -326,7 +328,7 @@ def summarise_trace(path: pathlib.Path, steps: int) -> dict:
     kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     if not kernels:
         return {"error": "no kernel events in the trace"}
-    per = busy_parts(kernels)
+    per = {name: 0.0 for name, _ in COMPONENTS} | {"other": 0.0} | busy_parts(kernels)
     launches = dict.fromkeys(per, 0)
     top, count = {}, {}
     for ts, dur, name in kernels:

@@ -286,8 +286,7 @@ def graph_launches(events: list[dict]) -> tuple[list[dict], dict]:
     launches = []
     for kernels in filter(None, work):
         kernels.sort()
-        present = {scaled.component(name) for _, _, name in kernels}  # a part even when wholly overlapped
-        parts = {c: us for c, us in scaled.busy_parts(kernels).items() if c in present}
+        parts = scaled.busy_parts(kernels)
         start, end = kernels[0][0], max(ts + dur for ts, dur, _ in kernels)
         launches.append(
             dict(start=start, end=end, span=end - start, busy=sum(parts.values()), kernels=len(kernels), parts=parts)
