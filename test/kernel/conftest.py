@@ -41,19 +41,20 @@ def _peaked_q(k_view, page_table, row_req, row_pos, block_ids, group, block_size
     """
     rows, hkv, dim = len(row_req), k_view.shape[1], k_view.shape[2]
     heads, dev = hkv * group, k_view.device
+    gdev = gen.device  # draws come from the generator's device (a CPU one seeds the interp tests on CUDA too)
     pos = row_pos.long()[:, None].expand(rows, heads)  # [R, H]
     if block_ids is None:
-        blk = (torch.rand(rows, heads, generator=gen, device=dev) * (pos // block_size + 1)).long()
+        blk = (torch.rand(rows, heads, generator=gen, device=gdev).to(dev) * (pos // block_size + 1)).long()
     else:
         ids = block_ids.long().repeat_interleave(group, dim=1)  # [R, H, topk]
-        pick = torch.rand(ids.shape, generator=gen, device=dev).masked_fill(ids < 0, -1.0)
+        pick = torch.rand(ids.shape, generator=gen, device=gdev).to(dev).masked_fill(ids < 0, -1.0)
         blk = ids.gather(-1, pick.argmax(-1, keepdim=True)).squeeze(-1)  # a random non-empty slot
-    key = torch.minimum(blk * block_size + torch.randint(0, block_size, blk.shape, generator=gen, device=dev), pos)
+    key = torch.minimum(blk * block_size + torch.randint(0, block_size, blk.shape, generator=gen, device=gdev).to(dev), pos)
     page = page_table.long()[row_req.long()[:, None], key // block_size]
     slot = page * block_size + key % block_size  # [R, H]
     k = k_view[slot, (torch.arange(heads, device=dev) // group)[None, :].expand(rows, -1)].float()  # [R, H, D]
     a = PEAK_LOGIT / (k.pow(2).sum(-1, keepdim=True) * scale)
-    noise = torch.randn(rows, heads, dim, generator=gen, device=dev) * 0.1
+    noise = torch.randn(rows, heads, dim, generator=gen, device=gdev).to(dev) * 0.1
     return a * k + noise, slot
 
 
