@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL, sm_90+) for the MSA kernels, and the interpreter switch.
+"""Programmatic dependent launch (PDL, sm_90+) for this package's kernels, and the interpreter switch.
 
 With PDL a kernel may start while the one launched before it on the stream is still running.
 Every kernel of this package calls ``gdc_wait`` before its first read of anything the previous

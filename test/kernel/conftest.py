@@ -49,7 +49,8 @@ def _peaked_q(k_view, page_table, row_req, row_pos, block_ids, group, block_size
         ids = block_ids.long().repeat_interleave(group, dim=1)  # [R, H, topk]
         pick = torch.rand(ids.shape, generator=gen, device=gdev).to(dev).masked_fill(ids < 0, -1.0)
         blk = ids.gather(-1, pick.argmax(-1, keepdim=True)).squeeze(-1)  # a random non-empty slot
-    key = torch.minimum(blk * block_size + torch.randint(0, block_size, blk.shape, generator=gen, device=gdev).to(dev), pos)
+    offset = torch.randint(0, block_size, blk.shape, generator=gen, device=gdev).to(dev)
+    key = torch.minimum(blk * block_size + offset, pos)
     page = page_table.long()[row_req.long()[:, None], key // block_size]
     slot = page * block_size + key % block_size  # [R, H]
     k = k_view[slot, (torch.arange(heads, device=dev) // group)[None, :].expand(rows, -1)].float()  # [R, H, D]

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..config import DraftConfig
 from ..parallel import rank_heads
+from .head import stream_head
 from .layers import PartialNeoxRope, RMSNorm
 
 DRAFT_ARCH = "SglangM3Eagle3Draft"
@@ -92,6 +93,7 @@ class M3Eagle3Draft(nn.Module):
         self.layer = DraftLayer(cfg, layer_id=0)
         self.norm = RMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(self.draft_vocab_size, H)
+        stream_head(self.lm_head)
         logits_config = copy.copy(config)
         logits_config.vocab_size = self.draft_vocab_size
         self.logits_processor = LogitsProcessor(logits_config)

@@ -26,6 +26,7 @@ from torch import nn
 from ..config import M3Config, aux_capture_inputs
 from ..quant import check_quantization, keep_block_fp8_on_triton, per_token_moe_activations, quantises_rows_alone
 from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
+from .head import stream_head
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
 from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, fused_shared_target, map_name
@@ -100,6 +101,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
             self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(self.m3.vocab_size, self.m3.hidden_size, prefix="lm_head")
+        stream_head(self.lm_head)
         self.logits_processor = LogitsProcessor(text_config)
         self.capture_layers: tuple[int, ...] = ()
         # FP8 KV scales (value = fp8 x scale) per layer; 1.0 unless the checkpoint carries them.
