@@ -3,8 +3,10 @@
 The head is 200,064 x 6144 bf16 (2.46 GB). For 1, 2 and 4 tokens it times ``torch.mm`` (cuBLAS) and
 ``sglang_m3_kernels.gemv`` as CUDA-graph replays of back-to-back calls over two copies of the weight
 (each call reads its weight from HBM, not the L2), and states each as a ratio to the weight's bytes
-over this GPU's device-to-device copy rate, measured in the same run. ``--search`` also times every
-tile of ``TILES`` with and without programmatic dependent launch (what chose ``DEFAULT_SETTINGS``).
+over this GPU's device-to-device copy rate, measured in the same run as ``bench_scaled.py`` measures
+the floors' (an eager 4 GiB copy; a memcpy node inside a CUDA graph copies ~20 % slower).
+``--search`` also times every tile of ``TILES`` with and without programmatic dependent launch (what
+chose ``DEFAULT_SETTINGS``).
 Needs only torch, Triton and the package installed (``pip install -e .``); writes one JSON file::
 
     python3 scripts/bench_head.py --out benchmarks/head_h100.json
@@ -14,10 +16,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
+import pathlib
 import sys
 
 import torch
+
+_spec = importlib.util.spec_from_file_location("bench_scaled", pathlib.Path(__file__).with_name("bench_scaled.py"))
+scaled = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaled)
 
 # weight rows x k a program, warps, stages; rows x k <= 8192 (the fp32 accumulator would spill beyond)
 TILES = [
@@ -52,14 +60,6 @@ def graph_us(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / reps
 
 
-def copy_rate() -> float:
-    """Device-to-device copy rate, bytes read + written per second, over a 2 GiB buffer."""
-    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_us(lambda: dst.copy_(src), reps=10)
-    return 2 * src.numel() / (us * 1e-6)
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vocab", type=int, default=200064)
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     import sglang_m3_kernels.gemv as G
 
     torch.manual_seed(0)
-    rate = copy_rate()
+    rate = scaled.measure_hbm_tbps() * 1e12
     weights = [torch.randn(args.vocab, args.hidden, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2)]
     floor_us = weights[0].numel() * 2 / rate * 1e6
     rows = []

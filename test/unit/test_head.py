@@ -1,8 +1,9 @@
 """The LM head's GEMV dispatch (``model/head.py``) on SGLang's own ``ParallelLMHead`` and logits rule.
 
-On CUDA, bf16 / fp16 heads at one row (``GEMV_ROWS``) take ``sglang_m3_kernels.gemv`` (bit for bit the kernel's output,
-within 2^-7 of the largest fp32-reference logit: ``test/kernel/test_gemv.py`` states that bound); every
-other case is SGLang's product bit for bit. The fp32-head and RL on-policy options keep SGLang's path.
+On CUDA, bf16 / fp16 heads at one row (``GEMV_ROWS``) take ``sglang_m3_kernels.gemv`` (bit for bit the
+kernel's output, within 2^-7 of the largest fp32-reference logit: ``test/kernel/test_gemv.py`` states
+that bound); every other case is SGLang's product bit for bit. The fp32-head and RL on-policy options
+keep SGLang's path.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def test_target_and_draft_heads_are_streamed():
     from sglang_m3.tiny.draft import default_draft
     from transformers import AutoConfig
 
-    path = default_checkpoint("m3-tiny", "vl")
+    path, draft_path = default_checkpoint("m3-tiny", "vl"), default_draft("m3-tiny")  # built in fp32 if not cached
     with one_rank(path), set_default_torch_dtype(torch.bfloat16):
         target = MiniMaxM3ForCausalLM(AutoConfig.from_pretrained(path))
-        draft = M3Eagle3Draft(AutoConfig.from_pretrained(default_draft("m3-tiny")))
+        draft = M3Eagle3Draft(AutoConfig.from_pretrained(draft_path))
     assert type(target.lm_head.quant_method) is StreamedHeadMethod
     assert type(draft.lm_head.quant_method) is StreamedHeadMethod
 
@@ -78,7 +79,8 @@ def test_options_for_another_head_product_keep_sglangs_path(option):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_logits_equal_sglangs_product_where_the_gemv_does_not_apply(dtype):
-    """CPU (every row count), fp32, and 3+ rows on CUDA: ``x @ w.T`` as SGLang's logits processor computes it."""
+    """CPU (every row count), fp32, and more than ``GEMV_ROWS`` rows on CUDA: ``x @ w.T`` as SGLang's
+    logits processor computes it."""
     from sglang_m3.model.head import GEMV_ROWS, stream_head
 
     with head_on_one_rank(dtype) as head:
