@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 from sglang.srt.runtime_context import get_exec
+from sglang_m3_kernels import gemv as gemv_kernel
 from torch import nn
 
 GEMV_ROWS = 1  # at 2 rows the step did not move (BF16 batch 2: 2.558 against 2.551 ms); at 4 cuBLAS wins
@@ -26,9 +27,7 @@ class StreamedHeadMethod(UnquantizedEmbeddingMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         w = layer.weight
         if bias is None and x.is_cuda and w.dtype in GEMV_DTYPES and x.dim() == 2 and 1 <= x.shape[0] <= GEMV_ROWS:
-            from sglang_m3_kernels.gemv import gemv
-
-            return gemv(x.to(w.dtype).contiguous(), w)
+            return gemv_kernel.gemv(x.to(w.dtype).contiguous(), w)
         return super().apply(layer, x.to(w.dtype), bias)
 
 
