@@ -2,8 +2,8 @@
 
 On CUDA, bf16 / fp16 heads at one row (``GEMV_ROWS``) take ``sglang_m3_kernels.gemv`` (bit for bit the
 kernel's output, within 2^-7 of the largest fp32-reference logit: ``test/kernel/test_gemv.py`` states
-that bound); every other case is SGLang's product bit for bit. The fp32-head and RL on-policy options
-keep SGLang's path.
+that bound); every other case is SGLang's product bit for bit. ``--enable-fp32-lm-head`` keeps SGLang's
+path.
 """
 
 from __future__ import annotations
@@ -64,15 +64,11 @@ def test_target_and_draft_heads_are_streamed():
     assert type(draft.lm_head.quant_method) is StreamedHeadMethod
 
 
-OPTIONS = [dict(enable_fp32_lm_head=True), dict(rl_on_policy_target="fsdp", attention_backend="triton")]
-
-
-@pytest.mark.parametrize("option", OPTIONS)
-def test_options_for_another_head_product_keep_sglangs_path(option):
+def test_an_fp32_head_keeps_sglangs_path():
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
     from sglang_m3.model.head import stream_head
 
-    with head_on_one_rank(**option) as head:
+    with head_on_one_rank(enable_fp32_lm_head=True) as head:
         assert not stream_head(head)
         assert type(head.quant_method) is UnquantizedEmbeddingMethod
 

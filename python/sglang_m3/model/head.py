@@ -32,13 +32,13 @@ class StreamedHeadMethod(UnquantizedEmbeddingMethod):
 
 
 def stream_head(head: nn.Module) -> bool:
-    """Give ``head`` the GEMV ``apply`` when it carries SGLang's plain unquantised method and no
-    option asks the logits processor for another product (an fp32 head, an RL on-policy target:
-    SGLang applies a head's method before it looks at those). Returns whether it did."""
-    features, deterministic = get_exec().features, get_exec().deterministic
+    """Give ``head`` the GEMV ``apply`` when it carries SGLang's plain unquantised method and the
+    logits processor is not asked for an fp32 head (``--enable-fp32-lm-head``: SGLang applies a head's
+    method before it looks at that). Returns whether it did. (SGLang's RL on-policy option, the other
+    one it reads there, needs a deterministic attention backend, which an M3 server never has.)"""
     if type(getattr(head, "quant_method", None)) is not UnquantizedEmbeddingMethod:
         return False
-    if features.enable_fp32_lm_head or deterministic.rl_on_policy_target is not None:
+    if get_exec().features.enable_fp32_lm_head:
         return False
     head.quant_method = StreamedHeadMethod()
     return True
