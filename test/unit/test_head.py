@@ -90,7 +90,7 @@ def test_logits_equal_sglangs_product_where_the_gemv_does_not_apply(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_and_two_rows_run_the_gemv(dtype, monkeypatch):
+def test_rows_up_to_gemv_rows_run_the_gemv(dtype, monkeypatch):
     import sglang_m3_kernels.gemv as kernel
     from sglang_m3.model.head import GEMV_ROWS, stream_head
 
