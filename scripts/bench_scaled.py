@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A real-width M3 on one GPU: sglang-m3 beside stock SGLang's own M3 path, in one run.
+"""A real-width M3 on one GPU or a TP / EP group: sglang-m3 beside stock SGLang's own M3 path, in one run.
 
 The released config.json cut to ``--dense-layers`` dense + ``--sparse-layers`` sparse MoE layers
 (full width: hidden 6144, 64 q / 4 KV heads, 128 experts, vocabulary 200,064), ``--load-format
-dummy``, ``--tp-size`` / ``--ep-size`` (1; floors are per rank), CUDA graphs. Each implementation is
-its own process (``--impls``):
+dummy``, ``--tp-size`` / ``--ep-size`` (1; floors are per rank), CUDA graphs; ``--fill 0.7`` takes
+instead as many sparse layers as keep a rank's weights within 70 % of the GPU's memory (the multi-GPU
+run's cut). Each implementation is its own process (``--impls``):
 
 * ``ours``: sglang-m3 (the installed plugin);
 * ``stock``: SGLang 0.5.17's own M3 path, as DESIGN section 9 says it runs on the H200 with the
@@ -90,6 +91,13 @@ def parse_args(argv=None):
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--dense-layers", type=int, default=1)
     p.add_argument("--sparse-layers", type=int, default=3)
+    p.add_argument(
+        "--fill",
+        type=float,
+        default=0.0,
+        help="instead of --sparse-layers: as many sparse layers as keep a rank's weights within this fraction "
+        "of the GPU's memory (e.g. 0.7; the heaviest of --impls' weight formats)",
+    )
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--long-batches", default="1,8")
@@ -111,6 +119,8 @@ def parse_args(argv=None):
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)  # internal: the JSON-lines file it appends to
     args = p.parse_args(argv)
     check_routing(p, args)
+    if args.fill and not (0 < args.fill <= 1 and args.device == "cuda" and args.model_path is None):
+        p.error(f"--fill={args.fill}: a fraction in (0, 1] of this GPU's memory, with --device cuda, not --model-path")
     return args
 
 
@@ -155,6 +165,27 @@ def cut_config(dense: int, sparse: int) -> dict:
         msa[key] = [msa[key][i] for i in keep]
     text["sparse_attention_config"] = msa
     return cfg
+
+
+def fill_sparse_layers(dense: int, fraction: float, memory_bytes: int, tp: int, ep: int, quantizations) -> int:
+    """The most sparse layers of the release whose cut (after ``dense`` dense layers) keeps one rank's weights
+    (``sizing.rank_weights`` at ``--tp-size tp --ep-size ep``, the heaviest of ``quantizations``, None for
+    BF16) within ``fraction`` of ``memory_bytes``: the multi-GPU run's "as many layers as fill ~70 % of memory"."""
+    from sglang_m3.config import M3Config
+    from sglang_m3.sizing import rank_weights
+
+    def weights(sparse: int) -> int:
+        cfg = M3Config.from_hf(cut_config(dense, sparse))
+        return max(rank_weights(cfg, tp, ep, quantization=q).total for q in quantizations)
+
+    budget, released = fraction * memory_bytes, sum(M3Config.from_hf(cut_config(0, 10**6)).sparse_layers)
+    fitting = [n for n in range(released + 1) if weights(n) <= budget]  # weights grow with every layer
+    if not fitting:
+        raise SystemExit(
+            f"--fill={fraction}: {dense} dense layers alone take {weights(0) / 2**30:.1f} GiB a rank, over "
+            f"{budget / 2**30:.1f} GiB ({fraction} of {memory_bytes / 2**30:.1f} GiB) at --tp-size={tp} --ep-size={ep}"
+        )
+    return fitting[-1]
 
 
 def make_model_dir(args) -> pathlib.Path:
@@ -520,6 +551,15 @@ def main(argv=None) -> dict:
             known = ", ".join(f"{'stock' if on_stock else 'ours'}+{f}" for f, on_stock in sorted(IMPL_FLAGS))
             raise SystemExit(f"--impls: unknown {impl!r} (flags: {known})")
     resolve_hbm_tbps(args)
+    if args.fill:
+        import torch
+
+        quants = {impl.partition("+")[0].partition(":")[2] or None for impl in impls}
+        memory = torch.cuda.get_device_properties(0).total_memory
+        args.sparse_layers = fill_sparse_layers(
+            args.dense_layers, args.fill, memory, args.tp_size, args.ep_size, quants
+        )
+        print(f"--fill={args.fill}: {args.dense_layers} dense + {args.sparse_layers} sparse layers", flush=True)
     model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,27 @@ def test_cut_config_keeps_the_released_layer_kinds(bench, dense, sparse):
     assert (cfg.hidden_size, cfg.num_experts, cfg.vocab_size) == (6144, 128, 200064)
 
 
+def test_fill_takes_the_most_sparse_layers_within_the_fraction(bench):
+    """``--fill``: one more layer than chosen would pass the budget; the heaviest format decides; more
+    ranks hold more layers; a budget below the dense layers alone is refused naming the flag."""
+    from sglang_m3.sizing import rank_weights
+
+    fill, gib = bench["fill_sparse_layers"], 1 << 30
+
+    def weights(sparse, tp, quant):
+        return rank_weights(M3Config.from_hf(bench["cut_config"](1, sparse)), tp, tp, quantization=quant).total
+
+    for tp, quants in ((1, {None}), (1, {"fp8"}), (4, {None, "fp8"}), (8, {None})):
+        n = fill(1, 0.7, 80 * gib, tp, tp, quants)
+        heaviest = None if None in quants else "fp8"
+        assert weights(n, tp, heaviest) <= 0.7 * 80 * gib < weights(n + 1, tp, heaviest)
+    assert fill(1, 0.7, 80 * gib, 1, 1, {None}) == 3  # the 1 + 3 cut of the single-GPU tables
+    assert fill(1, 0.7, 80 * gib, 1, 1, {None, "fp8"}) == 3 < fill(1, 0.7, 80 * gib, 1, 1, {"fp8"})
+    assert fill(1, 0.7, 141 * gib, 8, 8, {None}) == 56  # 8 x H200: all but one of the release's 57
+    with pytest.raises(SystemExit, match="--fill=0.01"):
+        fill(1, 0.01, 80 * gib, 1, 1, {None})
+
+
 def test_floors_of_the_four_layer_cut(bench, tmp_path):
     """The issue's arithmetic: ~1.29 / 3.3 / 7.7 ms at batch 1 / 8 / 32 with 8K contexts."""
     (tmp_path / "config.json").write_text(json.dumps(bench["cut_config"](1, 3)))
