@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 from safetensors import safe_open
 from sglang_m3.config import M3Config
 from sglang_m3.tiny import build_checkpoint
@@ -42,3 +43,23 @@ def test_text_variant_uses_normalised_spelling(tmp_path):
     assert "layer_types" in config and "sparse_attention_config" not in config
     cfg = M3Config.from_hf(config)
     assert cfg.num_kv_heads == cfg.msa.index_heads == 2 and cfg.sparse_layer_ids == [1, 2]
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tiny_shapes_take_the_tp_sizes_the_parallel_tests_run(tp):
+    """``test_tensor_parallel``'s GPU half runs ``m3-tiny-gqa`` at TP = the GPUs present (2, 4 or 8, EP = TP
+    too) and the EAGLE3 pair (``m3-tiny``) at up to TP4, which its 4 query heads refuse beyond."""
+    from sglang_m3.config import M3ConfigError
+    from sglang_m3.parallel import check_parallel
+    from sglang_m3.tiny.build import released_text_config
+
+    def cfg(name):
+        return M3Config.from_text_dict(released_text_config(name), "MiniMaxM3SparseForCausalLM")
+
+    for ep in (1, tp):
+        check_parallel(cfg("m3-tiny-gqa"), tp, ep)
+    if tp <= 4:
+        check_parallel(cfg("m3-tiny"), tp, tp)
+    else:
+        with pytest.raises(M3ConfigError, match=f"--tp-size={tp} does not divide num_attention_heads=4"):
+            check_parallel(cfg("m3-tiny"), tp, 1)
