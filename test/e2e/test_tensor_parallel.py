@@ -33,7 +33,7 @@ GPU_ARGS = dict(
 )  # fmt: skip
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 GPUS = torch.cuda.device_count()
-GPU_TP = max((n for n in (2, 4, 8) if n <= GPUS), default=0)  # the largest TP the tiny models' 8 q heads take
+GPU_TP = max((n for n in (2, 4, 8) if n <= GPUS), default=0)  # m3-tiny-gqa's 8 q heads take each of these
 
 
 @dataclasses.dataclass(frozen=True)
