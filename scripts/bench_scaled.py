@@ -501,11 +501,22 @@ print(2 * 10 * x.numel() / (start.elapsed_time(end) / 1e3) / 1e12)
 """
 
 
-def measure_hbm_tbps() -> float:
-    """TB/s of a 4 GiB device-to-device copy (bytes read + written), in its own process so that no CUDA
-    context stays beside the engines: the floor's bandwidth measured on the card the TPOTs ran on."""
-    out = subprocess.run([sys.executable, "-c", HBM_PROBE], capture_output=True, text=True, check=True)
+def _probe(code: str) -> float:
+    """The last number ``code`` prints, run in its own process so that no CUDA context stays beside the
+    engines."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.split()[-1])
+
+
+def measure_hbm_tbps() -> float:
+    """TB/s of a 4 GiB device-to-device copy (bytes read + written): the floor's bandwidth measured on the
+    card the TPOTs ran on."""
+    return _probe(HBM_PROBE)
+
+
+def gpu_memory_bytes() -> int:
+    """GPU 0's total memory (``--fill``'s budget)."""
+    return int(_probe("import torch; print(torch.cuda.get_device_properties(0).total_memory)"))
 
 
 def resolve_hbm_tbps(args) -> None:
@@ -513,6 +524,11 @@ def resolve_hbm_tbps(args) -> None:
     if not args.hbm_tbps:
         args.hbm_tbps = measure_hbm_tbps() if args.device == "cuda" else 4.3
         print(f"HBM bandwidth of the floors: {args.hbm_tbps:.2f} TB/s", flush=True)
+
+
+def impl_quantization(impl: str) -> str | None:
+    """``--quantization`` of an ``--impls`` entry: ``"fp8"`` for ``ours:fp8+fused-shared``, None for ``stock``."""
+    return impl.partition("+")[0].partition(":")[2] or None
 
 
 def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
@@ -531,7 +547,7 @@ def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
     for r in records:
         if r["kind"] != "tpot":
             continue
-        quant = r["impl"].partition("+")[0].partition(":")[2] or None
+        quant = impl_quantization(r["impl"])
         weights = rank_weights(cfg, args.tp_size, args.ep_size, quantization=quant)
         parts = decode_step_bytes(cfg, r["batch"], r["context"], kv, weights)
         r["floor_ms"] = sum(parts.values()) / (args.hbm_tbps * 1e12) * 1e3
@@ -552,12 +568,9 @@ def main(argv=None) -> dict:
             raise SystemExit(f"--impls: unknown {impl!r} (flags: {known})")
     resolve_hbm_tbps(args)
     if args.fill:
-        import torch
-
-        quants = {impl.partition("+")[0].partition(":")[2] or None for impl in impls}
-        memory = torch.cuda.get_device_properties(0).total_memory
+        quants = {impl_quantization(impl) for impl in impls}
         args.sparse_layers = fill_sparse_layers(
-            args.dense_layers, args.fill, memory, args.tp_size, args.ep_size, quants
+            args.dense_layers, args.fill, gpu_memory_bytes(), args.tp_size, args.ep_size, quants
         )
         print(f"--fill={args.fill}: {args.dense_layers} dense + {args.sparse_layers} sparse layers", flush=True)
     model_dir = pathlib.Path(args.model_path) if args.model_path else make_model_dir(args)
