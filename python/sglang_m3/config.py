@@ -213,8 +213,14 @@ class DraftConfig:
         layers = d.get("num_hidden_layers")
         if layers != 1:
             raise M3ConfigError(f"draft num_hidden_layers={layers}: sglang-m3 serves 1-layer drafts")
-        heads = _positive(d, "num_attention_heads")
-        kv_heads = _positive(d, "num_key_value_heads") if d.get("num_key_value_heads") is not None else heads
+        # SGLang's CPU path pads these for uneven TP splits (the draft's 2 KV heads at TP8); the
+        # checkpoint's values are the ``original_*`` ones.
+        heads = _positive(d, "num_attention_heads", original="original_num_attention_heads")
+        kv_heads = (
+            _positive(d, "num_key_value_heads", original="original_total_num_kv_heads")
+            if d.get("num_key_value_heads") is not None
+            else heads
+        )
         if heads % kv_heads:
             raise M3ConfigError(
                 f"draft num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
@@ -237,7 +243,7 @@ class DraftConfig:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=_positive(d, "head_dim") if d.get("head_dim") is not None else hidden // heads,
-            intermediate_size=_positive(d, "intermediate_size"),
+            intermediate_size=_positive(d, "intermediate_size", original="original_intermediate_size"),
             vocab_size=vocab,
             draft_vocab_size=draft_vocab,
             rms_norm_eps=float(_req(d, "rms_norm_eps")),

@@ -154,6 +154,23 @@ def test_draft_config_reads_the_pool_geometry(tmp_path, released):
     assert (draft.num_layers, draft.num_kv_heads) == (1, 4)
 
 
+def test_draft_sizes_sglang_padded_on_cpu_read_the_originals(tmp_path, released):
+    """SGLang's CPU path pads a draft's head counts (2 KV heads at TP8: to 8, q heads with them) and MLP
+    width as it does the target's, keeping original_*: the checkpoint's shapes are the originals."""
+    from sglang_m3.config import DraftConfig
+
+    padded = dict(
+        num_attention_heads=192,
+        original_num_attention_heads=48,
+        num_key_value_heads=16,
+        original_total_num_kv_heads=4,
+        intermediate_size=16896,
+        original_intermediate_size=16384,
+    )
+    draft = DraftConfig.from_path(_draft_dir(tmp_path, **padded), M3Config.from_hf(released))
+    assert (draft.num_heads, draft.num_kv_heads, draft.intermediate_size) == (48, 4, 16384)
+
+
 @pytest.mark.parametrize(
     "changes,field",
     [
