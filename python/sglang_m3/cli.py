@@ -78,7 +78,7 @@ def capacity(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .tiny.configs import TINY_CONFIGS
+    from .tiny.configs import DRAFT_TARGETS, TINY_CONFIGS
 
     parser = argparse.ArgumentParser(
         prog="sglang-m3", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         help="the block-FP8 copy instead (fp8 weights, 32x32 weight_scale_inv, quantization_config; 'vl' only)",
     )
     dp = sub.add_parser("draft-path", help="print the cached tiny EAGLE3 draft path (building it on first use)")
-    dp.add_argument("--name", default="m3-tiny")
+    dp.add_argument("--name", default="m3-tiny", choices=DRAFT_TARGETS)
     c = sub.add_parser("capacity", help="weights per rank and KV token capacity (default: the released M3)")
     c.add_argument("--config", default=None, help="an M3 config.json (default: the released one)")
     c.add_argument("--setups", default="tp8:bf16,tp4:fp8", help="comma list of tpN[:fp8]")

@@ -52,6 +52,11 @@ def tiny_gqa_text():
 
 
 @pytest.fixture(scope="session")
+def tiny_gqa_vl():
+    return default_checkpoint("m3-tiny-gqa", "vl")
+
+
+@pytest.fixture(scope="session")
 def corpus_ids(tiny_vl):
     """A long token stream from the shipped corpus (both tiny checkpoints share the tokenizer)."""
     from importlib import resources
@@ -85,6 +90,14 @@ def tiny_draft(tiny_vl):
     from sglang_m3.tiny.draft import default_draft
 
     return default_draft("m3-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_draft(tiny_gqa_vl):
+    """The tiny EAGLE3 draft for ``m3-tiny-gqa`` (8 query heads, as its target)."""
+    from sglang_m3.tiny.draft import default_draft
+
+    return default_draft("m3-tiny-gqa")
 
 
 # One chain shape for every speculative test: 3 draft tokens, 4 verify rows.

@@ -6,13 +6,15 @@ turn: ``parity_helpers.greedy_of``) and on several GPUs (NCCL; marker ``gpu``, s
   TP4 / TP8 each group is replicated on two / four ranks; fp32 KV and FP8 KV; ``--ep-size`` = TP: each
   rank holds its share of the 8 experts.
 * ``m3-tiny`` (4 q heads, 1 KV group) with its EAGLE3 draft (4 q heads): its one KV head (and index head)
-  is replicated on every rank, the draft's 2 KV heads split (TP2) or replicated (TP4); with FP8 KV and EP
-  too.
+  is replicated on every rank, the draft's 2 KV heads split (TP2) or replicated (TP4).
+* ``m3-tiny-gqa`` with its EAGLE3 draft (8 q heads, 2 KV heads): the same TP and EP sizes as without
+  speculation, FP8 KV; on CPU also TP8 / EP8, each KV group of the target and the draft on four ranks.
 
-On GPUs: TP = as many GPUs as are present, 2, 4 or 8, for ``m3-tiny-gqa``; at most 4 with EAGLE3 (the
-pair's 4 q heads: a larger TP is refused at start-up for them); IEEE fp32 dots (``conftest._triton_env``),
-CUDA graphs and overlap scheduling on (the defaults), so the graphs replay SGLang's all-reduce; NVLink
-multicast stays off (on shared hosts a program using it can take the GPUs out of service).
+On GPUs: TP = as many GPUs as are present, 2, 4 or 8, for ``m3-tiny-gqa`` and its draft; at most 4 for
+``m3-tiny``'s pair (its 4 q heads: a larger TP is refused at start-up); IEEE fp32 dots
+(``conftest._triton_env``), CUDA graphs and overlap scheduling on (the defaults), so the graphs replay
+SGLang's all-reduce; NVLink multicast stays off (on shared hosts a program using it can take the GPUs out
+of service).
 """
 
 from __future__ import annotations
@@ -107,8 +109,23 @@ def test_tp_replicated_kv_head_with_eagle3_equals_tp1(platform, tiny_vl, tiny_dr
     assert platform.greedy(tiny_vl, prompts, tp_size=platform.spec_tp, **spec) == want
 
 
-def test_tp_ep_with_eagle3_and_fp8_kv_equals_tp1(platform, tiny_vl, tiny_draft, prompts):
-    tp = platform.spec_tp
-    want = platform.greedy(tiny_vl, prompts, kv_cache_dtype="fp8_e4m3")
-    spec = dict(SPEC_ARGS, speculative_draft_model_path=str(tiny_draft))
-    assert platform.greedy(tiny_vl, prompts, tp_size=tp, ep_size=tp, kv_cache_dtype="fp8_e4m3", **spec) == want
+@pytest.fixture(scope="module")
+def gqa_pair_tp1(platform, tiny_gqa_vl, prompts):
+    return platform.greedy(tiny_gqa_vl, prompts, kv_cache_dtype="fp8_e4m3")
+
+
+def gqa_pair_greedy(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, tp):
+    spec = dict(SPEC_ARGS, speculative_draft_model_path=str(tiny_gqa_draft))
+    return platform.greedy(tiny_gqa_vl, prompts, tp_size=tp, ep_size=tp, kv_cache_dtype="fp8_e4m3", **spec)
+
+
+def test_tp_ep_with_eagle3_and_fp8_kv_equals_tp1(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, gqa_pair_tp1):
+    assert gqa_pair_greedy(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, platform.tp) == gqa_pair_tp1
+
+
+def test_tp8_ep8_with_eagle3_equals_tp1(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, gqa_pair_tp1):
+    """The release's TP8 layout under EAGLE3, on eight gloo ranks: the target's and the draft's 2 KV groups
+    on four ranks each. On GPUs the test above runs the GPU count."""
+    if platform.engine_args["device"] != "cpu":
+        pytest.skip("on GPUs the TP size above follows the GPU count")
+    assert gqa_pair_greedy(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, 8) == gqa_pair_tp1

@@ -42,22 +42,24 @@ def test_text_variant_uses_normalised_spelling(tmp_path):
     config = json.loads((path / "config.json").read_text())
     assert "layer_types" in config and "sparse_attention_config" not in config
     cfg = M3Config.from_hf(config)
-    assert cfg.num_kv_heads == cfg.msa.index_heads == 2 and cfg.sparse_layer_ids == [1, 2]
+    assert cfg.num_kv_heads == cfg.msa.index_heads == 2 and cfg.sparse_layer_ids == [1, 2, 3]
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_tiny_shapes_take_the_tp_sizes_the_parallel_tests_run(tp):
-    """``test_tensor_parallel``'s GPU half runs ``m3-tiny-gqa`` at TP = the GPUs present (2, 4 or 8, EP = TP
-    too) and the EAGLE3 pair (``m3-tiny``) at up to TP4, which its 4 query heads refuse beyond."""
+    """``test_tensor_parallel``'s GPU half runs ``m3-tiny-gqa`` and its EAGLE3 draft at TP = the GPUs present
+    (2, 4 or 8, EP = TP too) and ``m3-tiny``'s pair at up to TP4, which its 4 query heads refuse beyond."""
     from sglang_m3.config import M3ConfigError
     from sglang_m3.parallel import check_parallel
     from sglang_m3.tiny.build import released_text_config
+    from sglang_m3.tiny.eagle3 import draft_config
 
     def cfg(name):
         return M3Config.from_text_dict(released_text_config(name), "MiniMaxM3SparseForCausalLM")
 
     for ep in (1, tp):
         check_parallel(cfg("m3-tiny-gqa"), tp, ep)
+    assert draft_config(released_text_config("m3-tiny-gqa"))["num_attention_heads"] % tp == 0
     if tp <= 4:
         check_parallel(cfg("m3-tiny"), tp, tp)
     else:

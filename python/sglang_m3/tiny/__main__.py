@@ -1,12 +1,12 @@
 """``python -m sglang_m3.tiny build DIR [--name N] [--variant vl|text] [--seed S]``, ``path [--name N]``,
-``build-draft DIR [--target TARGET_DIR] [--seed S]`` or ``draft-path [--name N]``."""
+``build-draft DIR [--target TARGET_DIR] [--seed S]`` or ``draft-path [--name m3-tiny|m3-tiny-gqa]``."""
 
 from __future__ import annotations
 
 import argparse
 
 from .build import build_checkpoint, default_checkpoint
-from .configs import TINY_CONFIGS
+from .configs import DRAFT_TARGETS, TINY_CONFIGS
 from .draft import build_draft, default_draft
 
 
@@ -25,7 +25,7 @@ def main(argv=None) -> None:
     build_draft_cmd.add_argument("--target", help="the tiny M3 checkpoint (default: the cached m3-tiny)")
     build_draft_cmd.add_argument("--seed", type=int, default=0)
     draft_path = sub.add_parser("draft-path", help="print the cached draft's path, building it on first use")
-    draft_path.add_argument("--name", default="m3-tiny")
+    draft_path.add_argument("--name", default="m3-tiny", choices=DRAFT_TARGETS)
     args = parser.parse_args(argv)
     if args.cmd == "build":
         print(build_checkpoint(args.dir, args.name, args.variant, args.seed))

@@ -45,14 +45,15 @@ TINY_CONFIGS: dict[str, dict] = {
     # One KV group: transformers 5.12.1's shared selection equals the per-group rule.
     "m3-tiny": dict(_BASE, num_key_value_heads=1, num_hidden_layers=4, layers=[0, 1, 1, 1], moe=[0, 1, 1, 1], msa=_MSA),
     # Two KV groups: per-group selection differs from 5.12.1's shared one. Eight query heads: tensor
-    # parallelism up to TP8, where each KV group (and its index head) is replicated on four ranks.
+    # parallelism up to TP8, where each KV group (and its index head) is replicated on four ranks. Four
+    # layers: its EAGLE3 draft captures the outputs of layers 0-2, as m3-tiny's does.
     "m3-tiny-gqa": dict(
         _BASE,
         num_attention_heads=8,
         num_key_value_heads=2,
-        num_hidden_layers=3,
-        layers=[0, 1, 1],
-        moe=[0, 0, 1],
+        num_hidden_layers=4,
+        layers=[0, 1, 1, 1],
+        moe=[0, 0, 1, 1],
         msa=_MSA,
     ),
     # Widths SGLang's CPU path pads (MoE 48 -> 64, kept as original_intermediate_size): loads the
@@ -69,3 +70,6 @@ TINY_CONFIGS: dict[str, dict] = {
         msa=_MSA,
     ),
 }
+
+# Tiny targets with an EAGLE3 draft (``draft.default_draft``): enough layers for ``eagle3.TINY_AUX_LAYER_IDS``.
+DRAFT_TARGETS = ("m3-tiny", "m3-tiny-gqa")

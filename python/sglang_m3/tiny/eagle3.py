@@ -42,8 +42,9 @@ def draft_config(target_cfg: dict, layer_ids=TINY_AUX_LAYER_IDS, draft_vocab_siz
         "num_hidden_layers": 1,
         "hidden_size": t["hidden_size"],
         "head_dim": t["head_dim"],
-        "num_attention_heads": 4,
-        # 2 KV heads, unlike the tiny target's 1: the draft layer's own geometry inside the target's pool.
+        # The target's query heads (4 or 8): the pair splits at every TP size the target takes.
+        "num_attention_heads": t["num_attention_heads"],
+        # 2 KV heads, unlike m3-tiny's 1: the draft layer's own geometry inside the target's pool.
         "num_key_value_heads": 2,
         "intermediate_size": 128,
         "hidden_act": "silu",
