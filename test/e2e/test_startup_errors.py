@@ -56,7 +56,7 @@ def test_unknown_layer_type(tiny_gqa_text, tmp_path):
     bad = _variant(
         tiny_gqa_text,
         tmp_path / "bad",
-        lambda c: c.update(layer_types=["full_attention", "sliding_attention", "minimax_m3_sparse"]),
+        lambda c: c.update(layer_types=["full_attention", "sliding_attention", *c["layer_types"][2:]]),
     )
     with pytest.raises(M3ConfigError, match=r"unknown layer type layer_types\[1\]='sliding_attention'"):
         _engine(bad)
