@@ -97,7 +97,7 @@ def test_ep_equals_tp1(platform, tiny_gqa_text, prompts, gqa_tp1):
 def test_tp8_ep8_replicates_each_kv_group_on_four_ranks(platform, tiny_gqa_text, prompts, gqa_tp1):
     """The released model's TP8 layout in small (its 4 KV heads on two ranks each): ``m3-tiny-gqa``'s 2 KV
     groups and index heads on four ranks each, one q head and one of the 8 experts a rank; on CPU, eight
-    gloo ranks on the machine's cores (~2 minutes on two). On GPUs the tests above run the GPU count."""
+    gloo ranks on the machine's cores (~3 minutes on two). On GPUs the tests above run the GPU count."""
     if platform.engine_args["device"] != "cpu":
         pytest.skip("on GPUs the TP sizes above follow the GPU count")
     assert platform.greedy(tiny_gqa_text, prompts, tp_size=8, ep_size=8) == gqa_tp1["auto"]
@@ -124,8 +124,8 @@ def test_tp_ep_with_eagle3_and_fp8_kv_equals_tp1(platform, tiny_gqa_vl, tiny_gqa
 
 
 def test_tp8_ep8_with_eagle3_equals_tp1(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, gqa_pair_tp1):
-    """The release's TP8 layout under EAGLE3, on eight gloo ranks: the target's and the draft's 2 KV groups
-    on four ranks each. On GPUs the test above runs the GPU count."""
+    """The release's TP8 layout under EAGLE3, on eight gloo ranks (~4 minutes on two cores): the target's and
+    the draft's 2 KV groups on four ranks each. On GPUs the test above runs the GPU count."""
     if platform.engine_args["device"] != "cpu":
         pytest.skip("on GPUs the TP size above follows the GPU count")
     assert gqa_pair_greedy(platform, tiny_gqa_vl, tiny_gqa_draft, prompts, 8) == gqa_pair_tp1
