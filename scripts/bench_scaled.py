@@ -178,14 +178,17 @@ def fill_sparse_layers(dense: int, fraction: float, memory_bytes: int, tp: int, 
         cfg = M3Config.from_hf(cut_config(dense, sparse))
         return max(rank_weights(cfg, tp, ep, quantization=q).total for q in quantizations)
 
-    budget, released = fraction * memory_bytes, sum(M3Config.from_hf(cut_config(0, 10**6)).sparse_layers)
-    fitting = [n for n in range(released + 1) if weights(n) <= budget]  # weights grow with every layer
-    if not fitting:
+    budget = fraction * memory_bytes
+    if weights(0) > budget:
         raise SystemExit(
             f"--fill={fraction}: {dense} dense layers alone take {weights(0) / 2**30:.1f} GiB a rank, over "
             f"{budget / 2**30:.1f} GiB ({fraction} of {memory_bytes / 2**30:.1f} GiB) at --tp-size={tp} --ep-size={ep}"
         )
-    return fitting[-1]
+    released = len(M3Config.from_hf(json.loads(RELEASED.read_text())).sparse_layer_ids)
+    sparse = 0
+    while sparse < released and weights(sparse + 1) <= budget:  # weights grow with every layer
+        sparse += 1
+    return sparse
 
 
 def make_model_dir(args) -> pathlib.Path:
