@@ -28,6 +28,7 @@ import datetime
 import json
 import pathlib
 import statistics
+import sys
 import time
 
 from sglang_m3.bench.stats import timed_rounds
@@ -174,6 +175,7 @@ def run_mode(mode: str, args, batches: list[int]) -> list[dict]:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     from sglang_m3.tiny import default_checkpoint
     from sglang_m3.tiny.draft import default_draft
@@ -189,17 +191,18 @@ def main(argv=None) -> dict:
     records = []
     for mode in modes:
         records += run_mode(mode, args, batches)
-        _write(out, args, records)  # after every mode: a later failure keeps what was measured
+        _write(out, args, argv, records)  # after every mode: a later failure keeps what was measured
     print(f"wrote {out}")
     return json.loads(out.read_text())
 
 
-def _write(out: pathlib.Path, args, records: list[dict]) -> None:
+def _write(out: pathlib.Path, args, argv: list[str], records: list[dict]) -> None:
     for r in records:
         r.update(ratios(r, records))
     summary = dict(
         benchmark="e2e_decode",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command="python3 scripts/bench_e2e.py " + " ".join(argv),
         model_path=args.model_path,
         draft_path=args.draft_path,
         prompts=args.prompts,

@@ -405,7 +405,8 @@ def merge_records(ours_json, up_json):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="benchmarks")
+    # a folder of its own: kernels.md here is the table alone, benchmarks/kernels.md the table with its notes
+    ap.add_argument("--out", default="bench_results/kernels")
     ap.add_argument("--dtypes", default="bf16,fp8,nvfp4")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--contexts", default="8192,32768,131072,524288")

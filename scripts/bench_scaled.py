@@ -559,6 +559,7 @@ def floors(args, model_dir: pathlib.Path, records: list[dict]) -> None:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.one:
         run_one(args)
@@ -593,7 +594,7 @@ def main(argv=None) -> dict:
         results = out.with_name(f"{out.stem}.{impl.replace(':', '-')}.partial.jsonl")
         results.write_text("")
         cmd = [sys.executable, __file__, "--one", impl, "--model-dir", str(model_dir), "--results", str(results)]
-        cmd += argv or sys.argv[1:]
+        cmd += argv
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if config_dir is not None:
             shutil.rmtree(config_dir)  # the link only, not what it points to
@@ -608,14 +609,14 @@ def main(argv=None) -> dict:
             print(proc.stdout[-6000:], file=sys.stderr)
             print(f"{impl}: exit {proc.returncode}", file=sys.stderr)
         floors(args, model_dir, records)
-        _write(out, args, records, startup_lines)
+        _write(out, args, argv, records, startup_lines)
     if not args.model_path:
         shutil.rmtree(model_dir, ignore_errors=True)
     print(f"wrote {out}")
     return json.loads(out.read_text())
 
 
-def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) -> None:
+def _write(out: pathlib.Path, args, argv: list[str], records: list[dict], startup_lines: dict) -> None:
     stock = {(r["batch"], r["context"], r["kind"]): r["ms"] for r in records if r["impl"] == "stock" and "ms" in r}
     for r in records:
         key = (r.get("batch"), r.get("context"), r["kind"])
@@ -624,7 +625,7 @@ def _write(out: pathlib.Path, args, records: list[dict], startup_lines: dict) ->
     summary = dict(
         benchmark="e2e_scaled",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command="python3 scripts/bench_scaled.py " + " ".join(sys.argv[1:]),
+        command="python3 scripts/bench_scaled.py " + " ".join(argv),
         model=args.model_path
         or f"released M3 config cut to {args.dense_layers} dense + {args.sparse_layers} sparse layers, dummy weights",
         tp_size=args.tp_size,

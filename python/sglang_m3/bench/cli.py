@@ -70,7 +70,6 @@ def make_parser(
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--max-retries", type=int, default=3, help="retries after a timeout, connection error, 429 or 5xx")
     p.add_argument("--retry-delay", type=float, default=1.0, help="first retry backoff in seconds (doubles each retry)")
-    p.add_argument("--seed", type=int, default=0, help="seed for few-shot sampling and random prompts")
     return p
 
 

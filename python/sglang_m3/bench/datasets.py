@@ -25,8 +25,6 @@ from .client import BenchError
 GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{split}.jsonl"
 MMLU_URL = "https://people.eecs.berkeley.edu/~hendrycks/data.tar"
 
-# python/sglang_m3/bench/datasets.py -> repo root is three levels above the package.
-
 
 def _cache_dir(name: str) -> Path:
     base = os.environ.get("SGLANG_M3_BENCH_CACHE") or Path.home() / ".cache" / "sglang_m3" / "bench"

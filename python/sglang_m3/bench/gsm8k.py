@@ -45,6 +45,7 @@ def build_messages(question: str, shots: list[dict]) -> list[dict]:
 def parse_args(argv: list[str] | None):
     p = cli.make_parser("gsm8k", "GSM8K accuracy of a running OpenAI-compatible server.", 64, "gsm8k")
     p.add_argument("--num-shots", type=int, default=5, help="few-shot examples from the train split (0: zero-shot)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the few-shot examples' sample")
     cli.add_generation_args(p, thinking_max_tokens=16384, plain_max_tokens=1024)
     return p.parse_args(argv)
 

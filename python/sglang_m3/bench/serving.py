@@ -71,6 +71,7 @@ def parse_args(argv: list[str] | None):
         parallel_help="run this single concurrency level (overrides --concurrency)",
     )
     p.add_argument("--concurrency", type=_csv_ints, default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token prompts")
     p.add_argument(
         "--input-len",
         type=_csv_ints,
