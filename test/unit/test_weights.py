@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import torch
 from sglang_m3.model.weights import fused_shared_target, map_name
 
 
@@ -154,9 +157,36 @@ def test_fp8_checkpoint_scales_follow_their_weight(name, param, shard, expert):
         ("block_sparse_moe.shared_experts.up_proj.weight", "experts.w13_weight", "w3"),
         ("block_sparse_moe.shared_experts.down_proj.weight", "experts.w2_weight", "w2"),
         ("block_sparse_moe.shared_experts.up_proj.weight_scale_inv", "experts.w13_weight_scale_inv", "w3"),
+        ("mlp.shared_experts.gate_up_proj.weight", "experts.w13_weight", "w13"),  # transformers' layout
     ],
 )
 def test_fused_shared_expert_goes_to_slot_e(name, param, shard):
     """With the shared expert fused into FusedMoE, its tensors load into expert slot E (128 in the release)."""
     target = fused_shared_target(map_name(f"language_model.model.layers.7.{name}"), 128)
     assert (target.param, target.shard, target.expert) == (f"model.layers.7.mlp.{param}", shard, 128)
+
+
+def test_fused_gate_up_reaches_fusedmoe_as_gate_and_up():
+    """A fused gate_up tensor (transformers' layout: the shared expert moved to slot E, or every routed
+    expert at once) reaches FusedMoE's loader as its gate (w1) and up (w3) halves, a scalar scale as both."""
+    from sglang_m3.model.minimax_m3 import _load_experts
+
+    calls = []
+
+    def loader(param, weight, name, shard, expert):
+        calls.append((shard, expert, weight.tolist()))
+
+    gate_up = torch.arange(8.0).view(4, 2)  # 2 gate rows, then 2 up rows
+    shared = fused_shared_target(map_name("model.layers.7.mlp.shared_experts.gate_up_proj.weight"), 128)
+    _load_experts(loader, None, "", gate_up, shared)
+    assert calls == [("w1", 128, [[0.0, 1.0], [2.0, 3.0]]), ("w3", 128, [[4.0, 5.0], [6.0, 7.0]])]
+
+    calls.clear()
+    _load_experts(loader, None, "", torch.tensor(0.5), replace(shared, param=shared.param + "_scale"))
+    assert calls == [("w1", 128, 0.5), ("w3", 128, 0.5)]
+
+    calls.clear()
+    routed = map_name("model.layers.7.mlp.experts.gate_up_proj")
+    _load_experts(loader, None, "", torch.stack([gate_up, gate_up + 8]), routed)
+    assert [c[:2] for c in calls] == [("w1", 0), ("w3", 0), ("w1", 1), ("w3", 1)]
+    assert calls[3][2] == [[12.0, 13.0], [14.0, 15.0]]

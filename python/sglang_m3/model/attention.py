@@ -113,7 +113,7 @@ class M3Attention(nn.Module):
             layer_id=layer_id,
             prefix=f"{prefix}.attn",
         )
-        # Set by ``use_fused_norm_rope`` (CUDA, half precision): the cos/sin table of SGLang's fused kernel.
+        # Set by ``use_fused_norm_rope`` (CUDA, bf16): the cos/sin table of SGLang's fused kernel.
         self.cos_sin_table: torch.Tensor | None = None
         # Set by ``fuse_qkv_index``: the layer whose weight holds both projections, where the indexer's rows start.
         self.qkv_index: SimpleNamespace | None = None

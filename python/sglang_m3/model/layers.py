@@ -3,7 +3,7 @@
 * ``PartialNeoxRope``: SGLang's ``get_rope`` dispatches to CUDA-only kernels even
   when the model runs on CPU (seen with 0.5.17); M3 rotates only the first
   ``rotary_dim`` of each head (NeoX pairing) and passes the rest through. On CUDA in
-  half precision the attention layer uses SGLang's fused norm + RoPE kernel instead
+  bf16 the attention layer uses SGLang's fused norm + RoPE kernel instead
   (``fused_qk_norm_rope``), over the table ``cos_sin_table`` builds.
 * ``swiglu_oai``: the clamped SwiGLU of MiniMax-M3 / GPT-OSS with gate and up
   *not* interleaved; SGLang's native ``silu`` MoE path ignores alpha/limit. On CUDA in

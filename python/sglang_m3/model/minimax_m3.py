@@ -125,16 +125,17 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def post_load_weights(self) -> None:
         """After the weights are in place (our ``load_weights`` calls it; SGLang's dummy and sharded loaders
-        call it themselves, before quant methods process weights): on CUDA in half precision, attention
-        norms and rotates q / k with SGLang's fused kernel, which reads one cos/sin table of every position
-        (fp32, shared by all layers), and sparse layers whose ``qkv_proj`` is unquantised or quantised row by
-        row at load (``--quantization fp8``) project q / k / v and the index q / k with one GEMM. fp32 and
-        CPU models keep the separate layers (the token-exact runs and their torch oracle)."""
+        call it themselves, before quant methods process weights): on CUDA in half precision, sparse layers
+        whose ``qkv_proj`` is unquantised or quantised row by row at load (``--quantization fp8``) project
+        q / k / v and the index q / k with one GEMM, and in bf16 attention norms and rotates q / k with
+        SGLang's fused kernel (built for bf16 only), which reads one cos/sin table of every position (fp32,
+        shared by all layers). fp32 and CPU models keep the separate layers (the token-exact runs and their
+        torch oracle)."""
         weight = self.model.embed_tokens.weight
         if not (weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16)):
             return
         attn = [layer.self_attn for layer in self.model.layers]
-        if fused_norm_rope_fits(self.m3):
+        if weight.dtype == torch.bfloat16 and fused_norm_rope_fits(self.m3):
             use_fused_norm_rope(attn, attn[0].rope.cos_sin_table(self.m3.max_position_embeddings))
         for layer in attn:
             method = layer.qkv_proj.quant_method
@@ -192,8 +193,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def _load_kv_scale(self, target, tensor: torch.Tensor) -> None:
         layer = int(target.param.split(".")[2])
-        value = float(tensor.float().reshape(-1)[0])
-        if tensor.numel() != 1 or not math.isfinite(value) or value <= 0:
+        value = float(tensor.float().reshape(-1)[0]) if tensor.numel() == 1 else math.nan
+        if not math.isfinite(value) or value <= 0:
             raise ValueError(
                 f"checkpoint {target.param.replace(KV_SCALE, target.shard + '_scale')}={tensor.tolist()}: "
                 "an FP8 KV scale must be one finite positive number per layer"
@@ -211,16 +212,19 @@ def _load_experts(loader, param, name: str, tensor: torch.Tensor, target) -> Non
     the weight name (a name without "weight", like transformers' ``experts.gate_up_proj``, loads
     nothing), so our parameter's name is passed."""
     name = target.param
-    if target.expert is not None:  # released layout: one expert's w1 / w2 / w3
-        loader(param, tensor, name, target.shard, target.expert)
-        return
-    for expert, weight in enumerate(tensor):  # transformers' fused layout: [E, 2I, H] or [E, H, I]
-        if target.shard == "w13":
+    # the released layout: one expert's w1 / w2 / w3 (or the fused shared expert's gate_up as "w13");
+    # transformers' fused layout: every expert in one tensor, [E, 2I, H] or [E, H, I]
+    experts = enumerate(tensor) if target.expert is None else [(target.expert, tensor)]
+    for expert, weight in experts:
+        if target.shard != "w13":
+            loader(param, weight, name, target.shard, expert)
+        elif weight.dim() == 0:  # one per-tensor scale of gate and up together
+            loader(param, weight, name, "w1", expert)
+            loader(param, weight, name, "w3", expert)
+        else:
             gate, up = weight.chunk(2, dim=0)
             loader(param, gate, name, "w1", expert)
             loader(param, up, name, "w3", expert)
-        else:
-            loader(param, weight, name, "w2", expert)
 
 
 class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3ForCausalLM):

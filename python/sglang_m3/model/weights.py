@@ -26,7 +26,8 @@ KV_SCALE = "kv_scale"  # Target.param suffix of a checkpoint's per-layer FP8 KV 
 class Target:
     param: str
     # fused-linear shard id (q/k/v, or 0/1 for gate/up); FusedMoE's "w1" (gate) / "w3" (up) / "w2" (down);
-    # "w13" / "w2" with expert=None: transformers' fused layout, every expert in one tensor.
+    # "w13": gate rows then up rows in one tensor; with expert=None ("w13" / "w2"): transformers' fused
+    # layout, every expert in one tensor.
     shard: str | int | None = None
     expert: int | None = None
 
@@ -106,7 +107,8 @@ def fused_shared_target(target: Target, slot: int) -> Target:
         raise ValueError(f"{target.param!r} is not a shared-expert parameter")
     if m[2] == "down":
         return Target(f"{m[1]}experts.w2_{m[3]}", shard="w2", expert=slot)
-    return Target(f"{m[1]}experts.w13_{m[3]}", shard="w1" if target.shard == 0 else "w3", expert=slot)
+    shard = {0: "w1", 1: "w3", None: "w13"}[target.shard]  # None: transformers' fused gate_up_proj
+    return Target(f"{m[1]}experts.w13_{m[3]}", shard=shard, expert=slot)
 
 
 def map_name(name: str) -> Target | None:
