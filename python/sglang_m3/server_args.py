@@ -30,7 +30,7 @@ def m3_server_overrides(server_args: Any, hf_config: Any) -> dict:
     check_kv_cache_dtype(server_args.kv_cache_dtype)
     declared = {"attention_backend": "m3_msa", "page_size": page_size}
     if server_args.speculative_algorithm is not None:
-        declared.update(_speculative_overrides(server_args, cfg))
+        _check_speculative(server_args, cfg)
     return declared
 
 
@@ -56,7 +56,7 @@ def _refuse_unsupported_features(server_args: Any) -> None:
             raise ValueError(f"--{flag}={value!r}: {why}")
 
 
-def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:
+def _check_speculative(server_args: Any, cfg: M3Config) -> None:
     """EAGLE3 chain speculation (topk 1) through sglang-m3's worker; anything else is refused."""
     algo = server_args.speculative_algorithm
     if str(algo).upper() != "EAGLE3":
@@ -76,6 +76,17 @@ def _speculative_overrides(server_args: Any, cfg: M3Config) -> dict:
     if steps is not None and server_args.speculative_eagle_topk is None:
         # SGLang 0.5.17 fills topk only when all three are unset; a bare step count crashes later.
         raise ValueError(f"--speculative-num-steps={steps} needs --speculative-eagle-topk 1 too (chain drafting)")
+    # SGLang's EAGLE worker reads these; sglang-m3's verify accepts exactly (a draft token with its target
+    # probability, greedy: the argmax) and its step count is fixed at start-up.
+    for flag, value, default in (
+        ("speculative-accept-threshold-single", server_args.speculative_accept_threshold_single, 1.0),
+        ("speculative-accept-threshold-acc", server_args.speculative_accept_threshold_acc, 1.0),
+        ("speculative-adaptive", server_args.speculative_adaptive, False),
+    ):
+        if value != default:
+            raise ValueError(
+                f"--{flag}={value!r}: sglang-m3's EAGLE3 worker verifies exactly with a fixed step count "
+                f"(relaxed acceptance and adaptive steps are not implemented); leave it at {default!r}"
+            )
     # Unset step counts resolve to SGLang's chain default for this architecture (3 steps, topk 1,
     # 4 draft tokens). Overlap scheduling stays as the user set it (on by default).
-    return {}

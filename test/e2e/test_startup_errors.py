@@ -114,6 +114,15 @@ def test_quantization_other_than_fp8_is_refused_naming_it(tiny_vl):
             "--speculative-eagle-topk=2",
         ),
         (dict(speculative_algorithm="EAGLE3", speculative_num_steps=3), "needs --speculative-eagle-topk 1"),
+        (
+            dict(speculative_algorithm="EAGLE3", speculative_accept_threshold_single=0.5),
+            r"--speculative-accept-threshold-single=0\.5: .*relaxed acceptance",
+        ),
+        (
+            dict(speculative_algorithm="EAGLE3", speculative_accept_threshold_acc=0.7),
+            "--speculative-accept-threshold-acc=0.7",
+        ),
+        (dict(speculative_algorithm="EAGLE3", speculative_adaptive=True), "--speculative-adaptive=True"),
     ],
 )
 def test_speculative_refusals(tiny_vl, tiny_draft, spec, message):
