@@ -230,12 +230,7 @@ class DraftConfig:
         draft_vocab = _positive(d, "draft_vocab_size") if d.get("draft_vocab_size") is not None else vocab
         if draft_vocab > vocab:
             raise M3ConfigError(f"draft draft_vocab_size={draft_vocab} exceeds its vocab_size={vocab}")
-        rope = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise M3ConfigError(f"draft rope_scaling={rope!r}: sglang-m3's draft supports plain RoPE only")
-        theta = rope.get("rope_theta", d.get("rope_theta"))
-        if theta is None:
-            raise M3ConfigError("draft config is missing required field 'rope_theta'")
+        _, theta = _plain_rope(d, "draft ")
         ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         return cls(
             num_layers=layers,
@@ -350,10 +345,25 @@ def _check_choice(d: Mapping[str, Any], key: str, allowed: tuple) -> None:
 def _positive(d: Mapping[str, Any], key: str, original: str | None = None) -> int:
     """A required positive integer; ``original``: the key under which SGLang keeps the checkpoint's value
     when it pads ``key`` (CPU path)."""
-    value = d[original] if original and d.get(original) is not None else _req(d, key)
+    name = original if original and d.get(original) is not None else key
+    value = _req(d, name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise M3ConfigError(f"{original if original and original in d else key}={value!r}: must be a positive integer")
+        raise M3ConfigError(f"{name}={value!r}: must be a positive integer")
     return value
+
+
+def _plain_rope(d: Mapping[str, Any], what: str) -> tuple[dict, Any]:
+    """The RoPE dict (``rope_scaling`` or ``rope_parameters``) and ``rope_theta`` (the dict's, else the top
+    level's) of a config; a RoPE type other than plain is refused (``what`` names the config)."""
+    params = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
+    field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise M3ConfigError(f"{what}config: unsupported {field}.rope_type={rope_type!r}; supported: ['default']")
+    theta = params.get("rope_theta", d.get("rope_theta"))
+    if theta is None:
+        raise M3ConfigError(f"{what}config is missing required field 'rope_theta'")
+    return params, theta
 
 
 def _rope(d: Mapping[str, Any], head_dim: int) -> tuple[float, int]:
@@ -361,14 +371,7 @@ def _rope(d: Mapping[str, Any], head_dim: int) -> tuple[float, int]:
     the released ``rope_scaling`` or ``rope_parameters`` dict, ``rope_theta`` / ``partial_rotary_factor``
     from the top level where given; ``head_dim * partial_rotary_factor`` dims rotate (factor 1.0 when
     absent). transformers ignores ``rotary_dim``, and so do we (a warning says when it disagrees)."""
-    params = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
-    field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise M3ConfigError(f"unsupported {field}.rope_type={rope_type!r}; supported: ['default']")
-    theta = params.get("rope_theta", d.get("rope_theta"))
-    if theta is None:
-        raise M3ConfigError("MiniMax-M3 config is missing required field 'rope_theta'")
+    params, theta = _plain_rope(d, "MiniMax-M3 ")
     factor = d.get("partial_rotary_factor")
     factor = params.get("partial_rotary_factor", 1.0) if factor is None else factor
     if not 0 < float(factor) <= 1:

@@ -3,9 +3,10 @@
 With ``page_size > 1`` SGLang's paged allocator and its speculative slot reservation
 launch Triton kernels, which cannot run without a GPU ("0 active drivers"; DESIGN
 section 2). SGLang picks the Triton-free paths by attention-backend name, and only
-``torch_native`` / ``intel_amx`` are known to it as Triton-free. Each hook keeps
-SGLang's function for tensors that are not on the CPU. ``plugin.register()`` registers
-these (AROUND) only when ``torch.cuda.is_available()`` is False:
+``torch_native`` / ``intel_amx`` are known to it as Triton-free. The allocator hooks keep
+SGLang's function for tensors that are not on the CPU; the others decide by backend, model or
+process (below). ``plugin.register()`` registers these (AROUND) only when
+``torch.cuda.is_available()`` is False:
 
 * ``PagedTokenToKVPoolAllocator.alloc_extend`` -> ``mem.cpu_alloc.alloc_extend_cpu``
   (SGLang's own ``alloc_extend_naive``, which its NPU allocator uses);
@@ -81,11 +82,7 @@ def assign_req_to_token(original, req_pool_indices, req_to_token, start_offset, 
 
 
 def support_triton(original, backend):
-    import torch
-
-    if backend == compat.BACKEND_NAME and not torch.cuda.is_available():
-        return False
-    return original(backend)
+    return False if backend == compat.BACKEND_NAME else original(backend)
 
 
 def gloo_only_group(original, *args, **kwargs):

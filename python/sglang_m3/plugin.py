@@ -2,8 +2,8 @@
 
 ``register()`` runs in every SGLang process (launcher, Engine, scheduler,
 detokenizer) and is idempotent: it registers once and checks on every call.
-Every SGLang name used here (hook targets, private registries) is declared in
-``sglang_compat.py``, beside the SGLang version this plugin was written for.
+The hook targets and private registries used here are declared in ``sglang_compat.py``,
+beside the SGLang version this plugin was written for.
 
 Start-up stops with ``SystemExit`` (SGLang's plugin loader logs and swallows an
 ``Exception`` from ``register()`` and from hooks that fail to apply, then serves
@@ -137,8 +137,10 @@ def _register() -> None:
         for target, hook, kind in hooks:
             HookRegistry.register(target, hook, kind)
         _registered = True
-    # load_plugins() applies hooks after all plugins ran; applying here too makes a
-    # direct register() call (tests, scripts) complete. It is idempotent.
+    # load_plugins() applies hooks after all plugins ran; applying here too makes a direct
+    # register() call (tests, scripts) complete and lets the check below see them. It is
+    # idempotent, but a target is patched once: a plugin loaded after this one cannot add a
+    # hook to one of these targets.
     HookRegistry.apply_hooks()
     compat.check_hooks_applied(hooks, HookRegistry)
     _check_registered(compat.model_registry())

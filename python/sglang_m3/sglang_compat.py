@@ -1,8 +1,11 @@
-"""Every SGLang internal sglang-m3 depends on, in one file, beside the version it was written for.
+"""The SGLang internals sglang-m3 patches or reads on SGLang's objects, beside the version it was written for.
 
-A SGLang upgrade is reviewed here: bump ``PINNED_SGLANG`` (and pyproject's pin), then check each
-name below against the new source. ``plugin.register()`` stops start-up (``SystemExit``, which
-SGLang's plugin loader does not swallow, unlike the ``Exception`` it logs and ignores) when
+Hook targets and private registries are declared here; the model, the backend and the speculative
+worker import the SGLang modules they build on (layers, ``ForwardBatch``, the EAGLE inputs and
+utilities) where they use them. A SGLang upgrade starts here: bump ``PINNED_SGLANG`` (and
+pyproject's pin), check each name below against the new source, then run the suite.
+``plugin.register()`` stops start-up (``SystemExit``, which SGLang's plugin loader does not
+swallow, unlike the ``Exception`` it logs and ignores) when
 
 * the installed SGLang is not ``PINNED_SGLANG`` (``check_sglang_version``), unless
   ``SGLANG_M3_ALLOW_SGLANG_VERSION=1`` is set: another version at the user's risk; the hooks
@@ -16,14 +19,19 @@ private attributes the hook bodies read on SGLang objects. Those are listed here
 
 Importing this module is cheap (stdlib only); the accessors import SGLang lazily.
 
-Attributes read on SGLang objects by the hook bodies (``plugin.py``, ``cpu_hooks.py``):
+Attributes read on SGLang objects by the hook bodies (``plugin.py``, ``cpu_hooks.py``,
+``mem.kv_pool.build_kv_pool``):
 ``KVCacheConfigurator.{is_draft_worker, model_config, kv_cache_dtype_str, model_dtype,
-server_args}``, ``DefaultPoolConfigurator._cell_size`` (written), ``ServerArgs.
-{cuda_graph_config.prefill.backend, _cuda_graph_config_locked, get_model_config()}``,
+server_args, pool_page_size, device, layer_info}``, ``DefaultPoolConfigurator._cell_size``
+(written), ``ServerArgs.{cuda_graph_config.prefill.backend, _cuda_graph_config_locked,
+get_model_config(), speculative_algorithm, enable_deterministic_inference}``,
 ``SpeculativeAlgorithm.is_eagle3()``, ``TokenizerManager.{server_args, model_config}``,
-``ModelConfig.{hf_config, is_multimodal, ...}`` (the flags in ``plugin._MULTIMODAL_FLAGS``),
-``PagedTokenToKVPoolAllocator.device``, ``Scheduler.draft_worker``, ``GetInternalStateReqOutput.
-internal_state`` (written).
+``ModelConfig.{hf_config, vocab_size, is_multimodal, ...}`` (the flags in
+``plugin._MULTIMODAL_FLAGS``), ``PagedTokenToKVPoolAllocator.device``, ``Scheduler.{draft_worker,
+result_queue}``, ``GetInternalStateReqOutput.internal_state`` (written), ``FutureMap.{device,
+spec_algo, need_topk, need_hidden_states, output_tokens_buf, topk_p_buf, topk_index_buf,
+hidden_states_buf, draft_probs_buf, dsa_topk_indices_buf}`` and the ``EagleDraftInput`` fields
+``cpu_hooks.resolve_spec_extras`` fills.
 """
 
 from __future__ import annotations
@@ -185,9 +193,8 @@ def _cell(cell) -> Any:
         return None
 
 
-def check_hooks_applied(hooks: Iterable[tuple[str, Callable, Any]], registry: Any | None = None) -> None:
+def check_hooks_applied(hooks: Iterable[tuple[str, Callable, Any]], registry: Any) -> None:
     """Stop start-up naming every hook target that did not apply (SGLang logs that and carries on)."""
-    registry = hook_registry()[0] if registry is None else registry
     missing = [target for target, hook, _kind in hooks if not hook_in_place(target, hook, registry)]
     if missing:
         raise SystemExit(

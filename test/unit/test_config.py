@@ -222,6 +222,11 @@ def _text(released, **changes):
     [
         (dict(num_key_value_heads=0), "num_key_value_heads=0: must be a positive integer"),
         (dict(num_attention_heads=-64), "num_attention_heads=-64: must be a positive integer"),
+        (  # SGLang's padded copy absent: the message names the field the value came from
+            dict(original_num_attention_heads=None, num_attention_heads=0),
+            "^num_attention_heads=0: must be a positive integer",
+        ),
+        (dict(original_num_attention_heads=0), "^original_num_attention_heads=0: must be a positive integer"),
         (dict(intermediate_size=0), "intermediate_size=0"),
         (dict(num_experts_per_tok=129), "num_experts_per_tok=129 exceeds num_local_experts=128"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type='yarn'"),

@@ -1,7 +1,8 @@
 """Requests the EAGLE3 chain worker cannot serve faithfully, refused at admission.
 
-Verify shapes every row the way SGLang's sampler shapes one token (``rows.py``:
-penalties, ``min_new_tokens``, grammar masks, logit bias), so those requests are served.
+Verify shapes every row the way SGLang's sampler shapes one token (penalties and
+``min_new_tokens`` in ``rows.py``, grammar masks and logit bias in ``worker.py``), so those
+requests are served.
 Refused, each with a message naming the field and the value:
 
 * a custom logit processor: arbitrary code over one row's logits and the request's state;

@@ -316,7 +316,7 @@ class M3Eagle3Worker(BaseSpecWorker):
             filtered=filtered,
             keep_width=_top_k_bound(batch.reqs) if filtered else None,  # the bound only shapes filtered rows
         ).view(bs, R, V)
-        if info.sampling_seed is not None:  # SGLang sets it for every request once one has a seed
+        if info.sampling_seed is not None:  # under --enable-deterministic-inference: every request's (42 unseeded)
             u = seeded_coins(info.sampling_seed.reshape(bs), batch.seq_lens, R)
         else:
             u = torch.rand(bs, R, device=shaped.device)
