@@ -15,13 +15,13 @@ from .config import DraftConfig, M3Config
 from .parallel import rank_heads
 
 GIB = 1 << 30
-# Bytes per element of the matrices SGLang's fp8 method quantises (attention, indexer and MLP / expert
-# projections: the indexer's as rows of the attention's qkv GEMM, ``M3Attention.fuse_qkv_index``, on GPUs
-# with SGLang's CUTLASS FP8 GEMM, sm_89+); the embedding, head and norms stay in the model dtype, the
-# router in fp32.
+# Bytes per element of the matrices SGLang's fp8 method quantises (attention and MLP / expert projections;
+# under --quantization fp8 the indexer's too, as rows of the attention's qkv GEMM, ``M3Attention.
+# fuse_qkv_index``, on GPUs with SGLang's CUTLASS FP8 GEMM, sm_89+, while an FP8 checkpoint's indexer stays
+# in the model dtype); the embedding, head and norms stay in the model dtype, the router in fp32.
 FP8_ELEMENT_BYTES = 1
-# Bytes per router element: the released fp32, which a 2-byte (BF16) model on CUDA holds as three BF16 parts
-# (model.layers.Router).
+# Bytes per router element: the released fp32, which a BF16 model on CUDA holds as three BF16 parts
+# (model.layers.Router); the sizes here are a CUDA model's.
 ROUTER_ELEMENT_BYTES = {2: 6, 4: 4}
 
 
@@ -53,15 +53,22 @@ def expert_bytes(cfg: M3Config, quantization: str | None = None, width_parts: in
 
 
 def rank_weights(
-    cfg: M3Config, tp: int = 1, ep: int = 1, quantization: str | None = None, dtype_bytes: int = 2
+    cfg: M3Config,
+    tp: int = 1,
+    ep: int = 1,
+    quantization: str | None = None,
+    dtype_bytes: int = 2,
+    fp8_checkpoint: bool = False,
 ) -> RankWeights:
     """Weights of one rank at ``--tp-size tp --ep-size ep``, in a model dtype of ``dtype_bytes``
-    (2: BF16), the projections in FP8 with ``quantization="fp8"``."""
+    (2: BF16), the projections in FP8 with ``quantization="fp8"`` (``fp8_checkpoint``: weights an
+    FP8 checkpoint brings, whose indexer is not quantised)."""
     q, b = _linear_bytes(quantization, dtype_bytes), dtype_bytes
     h, d = cfg.hidden_size, cfg.head_dim
     heads = rank_heads(cfg.num_heads, cfg.num_kv_heads, tp, 0)
     attention = h * d * (2 * heads.q_heads + 2 * heads.kv_heads) * q  # q, k, v in; o out
-    indexer = h * cfg.msa.index_dim * (heads.kv_heads + 1) * q  # this rank's index-q heads + the shared index-k
+    # this rank's index-q heads + the shared index-k
+    indexer = h * cfg.msa.index_dim * (heads.kv_heads + 1) * (b if fp8_checkpoint else q)
     moe_layers = sum(cfg.moe_layers)
     return RankWeights(
         embed=cfg.vocab_size // tp * h * b,
@@ -109,7 +116,8 @@ def decode_step_bytes(
     per_expert = weights.experts / max(moe_layers, 1) / cfg.num_experts  # one expert, this rank's part
     selected = min(context, msa.topk_blocks * msa.block_size)
     return {
-        "weights": float(weights.total - weights.experts - weights.embed),  # embedding: B rows only
+        # the embedding: B rows only (tied: it is the head, read whole)
+        "weights": float(weights.total - weights.experts - (0 if cfg.tie_word_embeddings else weights.embed)),
         "experts": moe_layers * experts_touched(cfg.num_experts, cfg.top_k, batch * rows) * per_expert,
         "kv": float(
             batch

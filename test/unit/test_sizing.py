@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -9,7 +10,7 @@ import re
 
 import pytest
 from sglang_m3.config import M3Config
-from sglang_m3.sizing import GIB, rank_weights, token_capacity
+from sglang_m3.sizing import GIB, decode_step_bytes, rank_weights, token_capacity
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RELEASED = ROOT / "python/sglang_m3/assets/minimax-m3-config.json"
@@ -72,6 +73,21 @@ def test_fp8_halves_the_projections_only(released):
         assert getattr(fp8, part) * 2 == getattr(bf16, part), part
     for part in ("embed", "head", "router"):
         assert getattr(fp8, part) == getattr(bf16, part), part
+    # an FP8 checkpoint's indexer is not quantised (only --quantization fp8 puts it in the qkv GEMM)
+    checkpoint = rank_weights(released, 4, quantization="fp8", fp8_checkpoint=True)
+    assert checkpoint.indexer == bf16.indexer
+    assert checkpoint.total - checkpoint.indexer == fp8.total - fp8.indexer
+
+
+def test_decode_step_reads_the_head_once_tied_or_not(released):
+    """The floor's weights are all but the routed experts and the embedding (B rows only): a tied embedding
+    is the head, read whole, so tying the same shapes moves the same bytes."""
+    kv = {"dense_layer": 0, "sparse_layer": 0, "index_k": 0}
+    tied = dataclasses.replace(released, tie_word_embeddings=True)
+    untied_step = decode_step_bytes(released, 1, 8192, kv, rank_weights(released))
+    tied_step = decode_step_bytes(tied, 1, 8192, kv, rank_weights(tied))
+    assert rank_weights(tied).head == 0
+    assert tied_step == untied_step
 
 
 def test_token_capacity():

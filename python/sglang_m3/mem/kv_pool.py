@@ -204,6 +204,7 @@ def build_kv_pool(kvc, max_total_num_tokens: int) -> M3KVPool:
         args.ep_size,
         getattr(kvc.model_config, "quantization", None) or args.quantization,
         torch._utils._element_size(kvc.model_dtype),
+        fp8_checkpoint=getattr(kvc.model_config.hf_config, "quantization_config", None) is not None,
     )
     logger.info(
         "sglang-m3 per rank of TP %d / EP %d: weights %s; KV (%s, %d KV heads/layer) %d B/token = dense layer %d"
