@@ -33,6 +33,7 @@ from ..config import DraftConfig
 from ..parallel import rank_heads
 from .head import stream_head
 from .layers import PartialNeoxRope, RMSNorm
+from .weights import LoadedParts
 
 DRAFT_ARCH = "SglangM3Eagle3Draft"
 
@@ -120,7 +121,7 @@ class M3Eagle3Draft(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
-        loaded = set()
+        loaded = LoadedParts()
         for name, tensor in weights:
             name = name.removeprefix("model.").replace("midlayer.", "layer.").replace("layers.0.", "layer.")
             if name == "d2t":  # stored as target_id - draft_id
@@ -141,8 +142,8 @@ class M3Eagle3Draft(nn.Module):
             _check_shape(name, tensor, shard, self.cfg)
             loader = getattr(param, "weight_loader", default_weight_loader)
             loader(param, tensor) if shard is None else loader(param, tensor, shard)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
+            loaded.add(name, shard)
+        missing = loaded.missing(params)
         if missing:
             raise ValueError(f"EAGLE3 draft checkpoint lacks {missing}")
         if self.draft_vocab_size != self.cfg.vocab_size and self.hot_token_id is None:

@@ -29,7 +29,7 @@ from .attention import M3Attention, fused_norm_rope_fits, use_fused_norm_rope
 from .head import stream_head
 from .layers import GemmaNorm
 from .mlp import DenseMLP, MoE
-from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, fused_shared_target, map_name
+from .weights import EXPERT_PARAMS, KV_SCALE, QUANT_SCALES, LoadedParts, fused_shared_target, map_name
 
 logger = logging.getLogger(__name__)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -144,7 +144,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
-        loaded, skipped = set(), 0
+        loaded, skipped = LoadedParts(), 0
         for name, tensor in weights:
             target = map_name(name)
             if target is None:
@@ -174,21 +174,22 @@ class MiniMaxM3ForCausalLM(nn.Module):
                 )
             loader = getattr(param, "weight_loader", default_weight_loader)
             if EXPERT_PARAMS in target.param:
-                _load_experts(loader, param, name, tensor, target)
-            elif target.shard is not None:
+                _load_experts(loader, param, tensor, target, loaded)
+                continue
+            if target.shard is not None:
                 loader(param, tensor, target.shard)
             else:
                 loader(param, tensor)
-            loaded.add(target.param)
+            loaded.add(target.param, target.shard)
         if skipped:
             logger.info("sglang-m3: skipped %d vision/MTP tensors (text serving)", skipped)
-        missing = set(params) - loaded - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set())
+        expected = set(params) - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set())
         if self.quant_config is not None and not getattr(self.quant_config, "is_checkpoint_fp8_serialized", False):
             # scales an online method (--quantization fp8) computes after loading; an FP8 checkpoint brings its own
-            missing = {name for name in missing if not name.endswith(QUANT_SCALES)}
-        missing = sorted(missing)
+            expected = {name for name in expected if not name.endswith(QUANT_SCALES)}
+        missing = loaded.missing(expected)
         if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters, e.g. {missing[:5]}")
+            raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters or parts, e.g. {missing[:5]}")
         self.post_load_weights()
 
     def _load_kv_scale(self, target, tensor: torch.Tensor) -> None:
@@ -207,7 +208,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return {i: (s["k"], s["v"]) for i, s in enumerate(self.kv_scales)}
 
 
-def _load_experts(loader, param, name: str, tensor: torch.Tensor, target) -> None:
+def _load_experts(loader, param, tensor: torch.Tensor, target, loaded: LoadedParts) -> None:
     """Routed-expert tensors through FusedMoE's loader, which shards them for TP / EP. It dispatches on
     the weight name (a name without "weight", like transformers' ``experts.gate_up_proj``, loads
     nothing), so our parameter's name is passed."""
@@ -217,14 +218,14 @@ def _load_experts(loader, param, name: str, tensor: torch.Tensor, target) -> Non
     experts = enumerate(tensor) if target.expert is None else [(target.expert, tensor)]
     for expert, weight in experts:
         if target.shard != "w13":
-            loader(param, weight, name, target.shard, expert)
+            pieces = [(target.shard, weight)]
         elif weight.dim() == 0:  # one per-tensor scale of gate and up together
-            loader(param, weight, name, "w1", expert)
-            loader(param, weight, name, "w3", expert)
+            pieces = [("w1", weight), ("w3", weight)]
         else:
-            gate, up = weight.chunk(2, dim=0)
-            loader(param, gate, name, "w1", expert)
-            loader(param, up, name, "w3", expert)
+            pieces = list(zip(("w1", "w3"), weight.chunk(2, dim=0)))
+        for shard, piece in pieces:
+            loader(param, piece, name, shard, expert)
+            loaded.add(name, shard, expert)
 
 
 class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3ForCausalLM):

@@ -11,6 +11,7 @@ fused ``experts.gate_up_proj [E, 2I, H]``, ``mlp.gate``, ``self_attn.indexer.*``
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 # Tensors of the checkpoint that text serving does not use (one log line says how many).
@@ -126,3 +127,36 @@ def map_name(name: str) -> Target | None:
         if m:
             return build(m)
     return Target(name)
+
+
+# The parts a fused parameter is loaded in (the shard ids its weight loader takes), by a name piece.
+_FUSED_PARTS = ((".qkv_proj.", {"q", "k", "v"}), (".qk_proj.", {"q", "k"}), ("gate_up_proj.", {0, 1}))
+
+
+class LoadedParts:
+    """What a checkpoint filled: parameters, and the parts of fused ones. A fused weight (q / k / v in
+    ``qkv_proj``, gate and up in ``gate_up_proj``, an expert's gate and up in FusedMoE's ``w13``) that
+    misses one of its tensors would otherwise serve uninitialised rows."""
+
+    def __init__(self):
+        self._parts: dict[str, set] = defaultdict(set)
+
+    def add(self, param: str, shard: str | int | None = None, expert: int | None = None) -> None:
+        """``param`` took a tensor: whole (``shard`` None), one part, or one expert's part."""
+        self._parts[param].add((shard, expert))
+
+    def missing(self, params) -> list[str]:
+        """Names of ``params`` never loaded, and ``"name[part]"`` for each absent part of a fused one
+        (experts: of each expert the checkpoint has; experts absent altogether are another rank's
+        business or the loader's)."""
+        out = sorted(set(params) - set(self._parts))
+        for param, parts in sorted(self._parts.items()):
+            if (None, None) in parts:
+                continue
+            if EXPERT_PARAMS + "13_" in param:
+                for expert in sorted({e for _, e in parts}):
+                    out += [f"{param}[{s}, expert {expert}]" for s in ("w1", "w3") if (s, expert) not in parts]
+                continue
+            want = next((p for piece, p in _FUSED_PARTS if piece in param), set())
+            out += [f"{param}[{s!r}]" for s in sorted(want - {s for s, _ in parts}, key=str)]
+        return out
