@@ -1,14 +1,14 @@
 """Which weight quantisations sglang-m3 serves M3 with.
 
-SGLang's own quantisation methods do the work once ``quant_config`` reaches every linear
-and the MoE: ``--quantization fp8`` (per-tensor FP8 weights made at load, Hopper's FP8
-GEMMs) and checkpoints that carry a block-FP8 ``quantization_config`` (``quant_method:
-fp8`` with ``weight_block_size``: ``Fp8LinearMethod`` / ``Fp8MoEMethod`` with block scales,
-the checkpoint's ``weight_scale_inv`` loaded into the fused qkv / gate_up / FusedMoE w13 / w2
-scale parameters). The router and the norms stay unquantised (the router is fp32 in the
-release); the indexer's projections are quantised with the attention's qkv only where the method
-gives each weight row its own scale (``quantises_rows_alone``), else they stay unquantised (their
-scores pick the pages). Anything else is refused at start-up naming the method.
+SGLang's own quantisation methods do the work once ``quant_config`` reaches every linear and the
+MoE: ``--quantization fp8`` (FP8 weights made at load: the linears' one scale per output row on
+Hopper's CUTLASS GEMM, each routed expert's one scale) and checkpoints that carry a block-FP8
+``quantization_config`` (``quant_method: fp8`` with ``weight_block_size``: ``Fp8LinearMethod`` /
+``Fp8MoEMethod`` with block scales, the checkpoint's ``weight_scale_inv`` loaded into the fused qkv
+/ gate_up / FusedMoE w13 / w2 scale parameters). The router and the norms stay unquantised (the
+router is fp32 in the release); the indexer's projections are quantised with the attention's qkv
+only where the method gives each weight row its own scale (``quantises_rows_alone``), else they stay
+unquantised (their scores pick the pages). Anything else is refused at start-up naming the method.
 
 Block sizes other than the releases' 128 x 128 (the tiny model's 32 x 32) run SGLang's Triton
 block-FP8 GEMMs: ``keep_block_fp8_on_triton``. MoE layers with per-tensor FP8 weights (``--quantization
@@ -105,7 +105,7 @@ def per_token_moe_activations(model: nn.Module, quant_config) -> int:
     per token (one kernel a GEMM) and one per weight row; an expert's single scale broadcast over its rows
     (a stride-0 view, ``per_token_quant_info``) is that per-row scale, so the product is the same but for
     the finer activation scales: what SGLang's ``Fp8LinearMethod`` does for the linears of the same model
-    (per-tensor weights, ``convert_to_channelwise``, per-token activations). Dynamic activation scales
+    (per-row weight scales, per-token activations). Dynamic activation scales
     only (a static ``input_scale`` stays per tensor). The step time did not move (``docs/perf-notes.md``)."""
     if quant_config is None or getattr(quant_config, "activation_scheme", None) != "dynamic":
         return 0

@@ -2,7 +2,8 @@
 
 | ``--kv-cache-dtype``      | dense layers | sparse layers | index-K | draft layer |
 |---------------------------|--------------|---------------|---------|-------------|
-| ``auto`` / ``bf16``       | model dtype  | model dtype   | model   | model dtype |
+| ``auto``                  | model dtype  | model dtype   | model   | model dtype |
+| ``bf16`` / ``bfloat16``   | BF16         | BF16          | BF16    | BF16        |
 | ``fp8_e4m3``              | FP8          | FP8           | FP8     | FP8         |
 | ``nvfp4`` (the hybrid)    | FP8          | NVFP4         | FP8     | FP8         |
 

@@ -110,10 +110,6 @@ class MiniMaxM3ForCausalLM(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
-    def get_embed_and_head(self):
-        """The EAGLE3 draft shares the target's embedding (SGLang's draft worker API)."""
-        return self.model.embed_tokens.weight, self.lm_head.weight
-
     def set_eagle3_layers_to_capture(self, layer_ids=None) -> None:
         """Called by SGLang's model runner with the draft's ``eagle_aux_hidden_state_layer_ids``."""
         self.capture_layers = aux_capture_inputs(layer_ids, self.m3.num_layers)
