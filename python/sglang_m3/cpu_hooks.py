@@ -6,7 +6,8 @@ section 2). SGLang picks the Triton-free paths by attention-backend name, and on
 ``torch_native`` / ``intel_amx`` are known to it as Triton-free. The allocator hooks keep
 SGLang's function for tensors that are not on the CPU; the others decide by backend, model or
 process (below). ``plugin.register()`` registers these (AROUND) only when
-``torch.cuda.is_available()`` is False:
+``torch.cuda.is_available()`` is False (it runs before the server's ``--device`` is known), so a
+CPU engine on a GPU host needs the GPUs hidden (``CUDA_VISIBLE_DEVICES=``):
 
 * ``PagedTokenToKVPoolAllocator.alloc_extend`` -> ``mem.cpu_alloc.alloc_extend_cpu``
   (SGLang's own ``alloc_extend_naive``, which its NPU allocator uses);
