@@ -62,3 +62,31 @@ def test_vl_radix_prefix_hit_is_identical(vl_engine, corpus_ids):
     again = vl_engine.generate(input_ids=[ids], sampling_params={"max_new_tokens": 8, "temperature": 0})[0]
     assert again["meta_info"]["cached_tokens"] >= 192  # whole pages of the 200-token prompt come from the tree
     assert again["output_ids"] == first["output_ids"]
+
+
+def test_partial_weight_updates_reach_the_model(vl_engine, tiny_vl, corpus_ids):
+    """SGLang's ``update_weights_from_tensor`` hands the model any subset of the checkpoint (RL trainers
+    send buckets): one part of a fused weight (a sparse layer's v rows of ``qkv_proj``) and a whole
+    one (layer 0's o_proj) take effect, and restoring them gives the same log-probs again (the cache
+    is flushed with each update). Last in the module: it changes the shared engine's weights."""
+    from safetensors import safe_open
+
+    names = [
+        "language_model.model.layers.1.self_attn.v_proj.weight",
+        "language_model.model.layers.0.self_attn.o_proj.weight",
+    ]
+    original = {}
+    for f in sorted(tiny_vl.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            original.update({n: st.get_tensor(n) for n in names if n in st.keys()})
+    assert set(original) == set(names)
+    ids = corpus_ids[:300]  # past one top-k x block window: layer 1 attends sparsely
+    before = engine_logprobs(vl_engine, ids)
+    for name in names:
+        ok, message = vl_engine.update_weights_from_tensor([(name, torch.zeros_like(original[name]))])[:2]
+        assert ok, message
+        changed = engine_logprobs(vl_engine, ids)
+        assert (changed - before).abs().max() > 1e-2, name
+        ok, message = vl_engine.update_weights_from_tensor([(name, original[name])])[:2]
+        assert ok, message
+        torch.testing.assert_close(engine_logprobs(vl_engine, ids), before, atol=1e-6, rtol=0)

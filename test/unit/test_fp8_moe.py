@@ -23,16 +23,25 @@ from sglang_m3.tiny.fp8 import FP8_MAX
 
 
 @pytest.fixture(scope="module")
-def fp8_model():
+def rank():
+    """SGLang's parallel state for one rank (the fused MoE asks for its TP group) and runtime context,
+    once for the module: SGLang's model-parallel groups can be initialised once a process."""
+    with one_rank(default_checkpoint("m3-tiny", "vl")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def fp8_model(rank):
     """The tiny M3 built on CPU as ``--quantization fp8`` builds it (BF16 checkpoint, weights made FP8 at load)."""
     from sglang.srt.layers.quantization.fp8 import Fp8Config
     from sglang.srt.model_loader.utils import set_default_torch_dtype
     from sglang_m3.model.minimax_m3 import MiniMaxM3ForCausalLM
     from transformers import AutoConfig
 
-    path = default_checkpoint("m3-tiny", "vl")
-    with one_rank(path), set_default_torch_dtype(torch.bfloat16):
-        yield MiniMaxM3ForCausalLM(AutoConfig.from_pretrained(path), quant_config=Fp8Config())
+    with set_default_torch_dtype(torch.bfloat16):
+        return MiniMaxM3ForCausalLM(
+            AutoConfig.from_pretrained(default_checkpoint("m3-tiny", "vl")), quant_config=Fp8Config()
+        )
 
 
 def moe_layers(model):
@@ -124,13 +133,6 @@ def run_fused(x, w13, s13, w2, s2, weights, ids, alpha, limit, per_token):
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def cuda_context():
-    """SGLang's parallel state for one rank (the fused MoE asks for its TP group) and runtime context."""
-    with one_rank(default_checkpoint("m3-tiny", "vl")):
-        yield
-
-
 def random_experts(experts, hidden, inter, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) / hidden**0.5
@@ -151,7 +153,7 @@ def routing(tokens, experts, top_k, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 5, 64])
-def test_per_token_fused_moe_matches_the_torch_reference(cuda_context, tokens):
+def test_per_token_fused_moe_matches_the_torch_reference(rank, tokens):
     experts, hidden, inter, top_k, alpha, limit = 8, 256, 128, 2, 1.702, 7.0
     w13, s13, w2, s2 = random_experts(experts, hidden, inter, seed=tokens)
     weights, ids = routing(tokens, experts, top_k, seed=tokens + 1)
@@ -164,7 +166,7 @@ def test_per_token_fused_moe_matches_the_torch_reference(cuda_context, tokens):
 
 
 @pytest.mark.gpu
-def test_tokens_beside_an_outlier_keep_their_precision(cuda_context):
+def test_tokens_beside_an_outlier_keep_their_precision(rank):
     """Token 0 is 30000x the others: with one scale for the batch their inputs fall into e4m3's subnormals
     (~13 % error on the first GEMM's input, against ~3 % for any scale that fits the token itself), so the
     per-token path's error against unquantised activations is under half the batch-scale path's."""

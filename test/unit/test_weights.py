@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from sglang_m3.model.weights import fused_shared_target, map_name
+from sglang_m3.model.weights import LoadedParts, fused_shared_target, map_name
 
 
 @pytest.mark.parametrize(
@@ -178,15 +178,15 @@ def test_fused_gate_up_reaches_fusedmoe_as_gate_and_up():
 
     gate_up = torch.arange(8.0).view(4, 2)  # 2 gate rows, then 2 up rows
     shared = fused_shared_target(map_name("model.layers.7.mlp.shared_experts.gate_up_proj.weight"), 128)
-    _load_experts(loader, None, "", gate_up, shared)
+    _load_experts(loader, None, gate_up, shared, LoadedParts())
     assert calls == [("w1", 128, [[0.0, 1.0], [2.0, 3.0]]), ("w3", 128, [[4.0, 5.0], [6.0, 7.0]])]
 
     calls.clear()
-    _load_experts(loader, None, "", torch.tensor(0.5), replace(shared, param=shared.param + "_scale"))
+    _load_experts(loader, None, torch.tensor(0.5), replace(shared, param=shared.param + "_scale"), LoadedParts())
     assert calls == [("w1", 128, 0.5), ("w3", 128, 0.5)]
 
     calls.clear()
     routed = map_name("model.layers.7.mlp.experts.gate_up_proj")
-    _load_experts(loader, None, "", torch.stack([gate_up, gate_up + 8]), routed)
+    _load_experts(loader, None, torch.stack([gate_up, gate_up + 8]), routed, LoadedParts())
     assert [c[:2] for c in calls] == [("w1", 0), ("w3", 0), ("w1", 1), ("w3", 1)]
     assert calls[3][2] == [[12.0, 13.0], [14.0, 15.0]]

@@ -106,6 +106,9 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         # FP8 KV scales (value = fp8 x scale) per layer; 1.0 unless the checkpoint carries them.
         self.kv_scales = [{"k": 1.0, "v": 1.0} for _ in range(self.m3.num_layers)]
+        # Set once the weights are in place (a loader's full load, or SGLang's dummy / sharded loaders);
+        # later load_weights calls are updates (SGLang's update_weights_from_*: any subset of tensors).
+        self.weights_in_place = False
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -127,6 +130,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         SGLang's fused kernel (built for bf16 only), which reads one cos/sin table of every position (fp32,
         shared by all layers). fp32 and CPU models keep the separate layers (the token-exact runs and their
         torch oracle)."""
+        self.weights_in_place = True
         weight = self.model.embed_tokens.weight
         if not (weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16)):
             return
@@ -179,6 +183,11 @@ class MiniMaxM3ForCausalLM(nn.Module):
             loaded.add(target.param, target.shard)
         if skipped:
             logger.info("sglang-m3: skipped %d vision/MTP tensors (text serving)", skipped)
+        if not self.weights_in_place:  # the first load is the whole checkpoint; updates may be any part
+            self._check_complete(loaded, params)
+        self.post_load_weights()
+
+    def _check_complete(self, loaded: LoadedParts, params) -> None:
         expected = set(params) - ({"lm_head.weight"} if self.m3.tie_word_embeddings else set())
         if self.quant_config is not None and not getattr(self.quant_config, "is_checkpoint_fp8_serialized", False):
             # scales an online method (--quantization fp8) computes after loading; an FP8 checkpoint brings its own
@@ -186,7 +195,6 @@ class MiniMaxM3ForCausalLM(nn.Module):
         missing = loaded.missing(expected)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} MiniMax-M3 parameters or parts, e.g. {missing[:5]}")
-        self.post_load_weights()
 
     def _load_kv_scale(self, target, tensor: torch.Tensor) -> None:
         layer = int(target.param.split(".")[2])
