@@ -49,7 +49,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
-from .worker import ChainInput
+from .worker import ChainInput, draft_chain
 
 logger = logging.getLogger(__name__)
 
@@ -193,11 +193,10 @@ class DraftGraphs:
 
     def _chain_body(self, bs: int) -> torch.Tensor:
         s, slots = self.seq_lens[:bs], self.slots[:bs]
-        d, hidden = self.d1[:bs], self.hidden[:bs]
-        drafts = [d]
-        for j in range(1, self.K):  # draft decode at position s + j - 1 predicts d_{j+1}
+
+        def decode(j, d, hidden):
             lens = s + j
-            out = self._forward(
+            return self._forward(
                 ForwardMode.DECODE,
                 bs,
                 input_ids=d,
@@ -207,10 +206,8 @@ class DraftGraphs:
                 spec_info=ChainInput(hidden_states=hidden),
                 capture=CaptureHiddenMode.LAST,
             )
-            d = self.to_target(out.next_token_logits.argmax(dim=-1))
-            hidden = out.hidden_states
-            drafts.append(d)
-        return torch.stack(drafts, dim=1)  # [bs, K]
+
+        return draft_chain(self.d1[:bs], self.hidden[:bs], self.K, decode, self.to_target)  # [bs, K]
 
     def _catch_up_body(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         R, s = self.R, self.seq_lens[:bs]

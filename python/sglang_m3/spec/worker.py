@@ -242,21 +242,20 @@ class M3Eagle3Worker(BaseSpecWorker):
     def _eager_chain(self, batch, info, s, slots):
         """Drafts ``[bs, K]`` through ``runner.forward`` (no graph covers this batch)."""
         self._eager_counts["eager_chain"] += int(self.num_steps > 1)  # K = 1 has no chain forward
-        drafts, hidden = [info.topk_index[:, 0]], info.hidden_states
-        for j in range(1, self.num_steps):  # draft decode at position s + j - 1 predicts d_{j+1}
-            lo, _ = self._run(
+
+        def decode(j, d, hidden):
+            return self._run(
                 self.draft_runner,
                 batch,
                 ForwardMode.DECODE,
-                input_ids=drafts[-1],
+                input_ids=d,
                 out_cache_loc=slots[:, j - 1].contiguous(),
                 seq_lens=s + j,
                 spec_info=ChainInput(hidden_states=hidden),
                 capture=CaptureHiddenMode.LAST,
-            )
-            drafts.append(self._to_target(lo.next_token_logits.argmax(dim=-1)))
-            hidden = lo.hidden_states
-        return torch.stack(drafts, dim=1)
+            )[0]
+
+        return draft_chain(info.topk_index[:, 0], info.hidden_states, self.num_steps, decode, self._to_target)
 
     def _eager_catch_up(self, batch, tokens, aux, s, ladder, slots, accept_len):
         """(next ``d_1`` ``[bs, 1]``, hidden ``[bs, H]``) through ``runner.forward``."""
@@ -403,6 +402,18 @@ class M3Eagle3Worker(BaseSpecWorker):
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
+
+
+def draft_chain(d1, hidden, num_steps, decode, to_target) -> torch.Tensor:
+    """Drafts ``d_1..d_K`` ``[bs, K]`` from ``d_1`` and the draft's hidden state: draft decode ``j = 1..K-1``
+    (``decode(j, d_j, hidden)`` -> SGLang's logits output, at position ``s + j - 1``) predicts ``d_{j+1}``.
+    The worker's eager chain and the captured chain body (``draft_graphs.py``) differ only in ``decode``."""
+    drafts = [d1]
+    for j in range(1, num_steps):
+        out = decode(j, drafts[-1], hidden)
+        drafts.append(to_target(out.next_token_logits.argmax(dim=-1)))
+        hidden = out.hidden_states
+    return torch.stack(drafts, dim=1)
 
 
 TOP_K_WIDTH_MAX = 1024  # the largest top-k the verify's filters take from torch.topk instead of a sort
