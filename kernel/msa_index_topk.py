@@ -67,7 +67,7 @@ class TopkSettings:
     # 0 rows turns fusion off. Fusion pays for decode (one-row tiles) and loses once one
     # program sorts several thousand keys (they spill from 4 warps' registers). 512 keys, not
     # 1024: with several index heads a tile (TP1-2 decode, verify's 4-row tiles) sorted 1024-key
-    # chunks in one program; at 512 the same or faster everywhere measured (one H100, TP1 decode
+    # chunks in one program; at 512 faster or within 2 % everywhere measured (one H100, TP1 decode
     # batch 1 x 8K 11.2 -> 7.7 us, verify 4 rows x 64K 50.1 -> 13.4 us; docs/perf-notes.md), and
     # one-head decode tiles (TP4) are unchanged
     fuse_select_max_rows: int = 64
