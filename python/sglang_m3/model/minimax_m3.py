@@ -106,8 +106,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         # FP8 KV scales (value = fp8 x scale) per layer; 1.0 unless the checkpoint carries them.
         self.kv_scales = [{"k": 1.0, "v": 1.0} for _ in range(self.m3.num_layers)]
-        # Set once the weights are in place (a loader's full load, or SGLang's dummy / sharded loaders);
-        # later load_weights calls are updates (SGLang's update_weights_from_*: any subset of tensors).
+        # Set by post_load_weights once the weights are in place (a loader's full load, or SGLang's dummy /
+        # sharded loaders); later load_weights calls are updates (SGLang's update_weights_from_*: any subset).
         self.weights_in_place = False
 
     def get_input_embeddings(self) -> nn.Module:
@@ -129,7 +129,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
         q / k / v and the index q / k with one GEMM, and in bf16 attention norms and rotates q / k with
         SGLang's fused kernel (built for bf16 only), which reads one cos/sin table of every position (fp32,
         shared by all layers). fp32 and CPU models keep the separate layers (the token-exact runs and their
-        torch oracle)."""
+        torch oracle). Once: a weight update (``load_weights`` again) writes through the fused views, and
+        the cos/sin table (~256 MB at M3's 1M positions) would be built anew each time."""
+        if self.weights_in_place:
+            return
         self.weights_in_place = True
         weight = self.model.embed_tokens.weight
         if not (weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16)):
