@@ -137,6 +137,26 @@ def test_acceptance_does_not_depend_on_the_batch(spec_engine, reference, probes)
     assert sum(h[3] for _, h in alone) > 0  # whole chains accepted: the comparison covers long acceptances
 
 
+def test_weight_updates_reach_the_target_under_speculation(spec_engine, tiny_vl, reference, prompts):
+    """``update_weights_from_tensor`` with EAGLE3 on (SGLang hands it to the speculative worker): a target
+    weight zeroed changes the greedy tokens, restored gives plain decoding's tokens again. Last of the
+    tests on the module's engine: it changes that engine's weights."""
+    import torch
+    from safetensors import safe_open
+
+    name = "language_model.model.layers.0.self_attn.o_proj.weight"
+    original = None
+    for f in sorted(tiny_vl.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            if name in st.keys():
+                original = st.get_tensor(name)
+    assert original is not None
+    for tensor, same in ((torch.zeros_like(original), False), (original, True)):
+        ok, message = spec_engine.update_weights_from_tensor([(name, tensor)])[:2]
+        assert ok, message
+        assert (engine_greedy(spec_engine, prompts, NEW) == reference[0]) is same
+
+
 @pytest.fixture(scope="module")
 def pressure(corpus_ids, spec_engine):
     """24 prompts sharing a 32-token prefix, and their greedy outputs from the roomy engine (itself

@@ -132,6 +132,13 @@ class M3Eagle3Worker(BaseSpecWorker):
             self._additional_graph_memory_usage["draft_decode"] = self.draft_graphs.memory_gb
             self._additional_graph_time_usage["draft_decode"] = self.draft_graphs.capture_s
 
+    def update_weights_from_tensor(self, recv_req):
+        """SGLang's weight update from tensors (RL trainers), which its scheduler hands the speculative
+        worker: the tensors carry the target checkpoint's names, so they go to the target alone and the
+        draft keeps its weights (as SGLang's n-gram worker does; a stale draft costs acceptance, never
+        tokens). ``BaseSpecWorker`` has no such method: without this one the update raised."""
+        return self.target_worker.update_weights_from_tensor(recv_req)
+
     def sglang_m3_stats(self) -> dict:
         """Which path the draft's passes took, counted per pass since start-up; surfaced through
         ``Engine.get_server_info()["internal_states"][rank]["sglang_m3_eagle3"]`` (``plugin.py``)."""
